@@ -1,0 +1,61 @@
+r"""RoBERTa pretraining (Liu et al., 2019): BERT's model, a better recipe.
+
+Run it (from the repository root):
+
+  python -m pretrain_lm.main --config=configs/roberta.py:size=tiny \
+      --workdir=/tmp/roberta_tiny --config.train.num_steps=300
+
+Args: `size` as in configs/bert.py.
+
+Differences from configs/bert.py, as in the paper: no next-sentence
+prediction; FULL-SENTENCES packing (rows filled with whole documents back to
+back, a separator between documents) at length 512; dynamic masking; batch 8k
+sequences with peak lr 6e-4 (base) / 4e-4 (large), Adam b2 0.98, warmup 24k
+(base) / 30k (large) over 500k steps; a 50k byte-level BPE vocabulary (here a
+SentencePiece BPE model trained on the data).
+"""
+
+from pretrain_lm import configlib
+from pretrain_lm.models import config as model_config
+
+
+def get_config(arg=None):
+  """The RoBERTa config for `arg` (e.g. 'size=base')."""
+  arg = configlib.parse_arg(arg, size='base')
+  c = configlib.base_config()
+  c.model.family = 'encoder'
+  c.model.size = arg.size
+  c.model.update(model_config.size_preset(arg.size))
+  c.model.vocab_size = 50265
+  c.model.max_len = 514  # RoBERTa's table has 2 extra rows (fairseq offset)
+  c.model.type_vocab_size = 1
+  c.model.layer_norm_eps = 1e-5
+
+  c.objective.name = 'mlm'
+
+  c.data.tokenizer_type = 'bpe'
+  c.data.seq_len = 512
+  c.data.batch_size = 8192
+
+  large = arg.size == 'large'
+  c.optimizer.learning_rate = 4e-4 if large else 6e-4
+  c.optimizer.b1 = 0.9
+  c.optimizer.b2 = 0.98
+  c.optimizer.eps = 1e-6
+  c.optimizer.weight_decay = 0.01
+  c.optimizer.warmup_steps = 30_000 if large else 24_000
+  c.train.num_steps = 500_000
+
+  if arg.size == 'tiny':
+    # A minute on a CPU with the bundled corpus (see configs/bert.py).
+    c.model.vocab_size = 8192
+    c.data.seq_len = 128
+    c.data.batch_size = 64
+    c.optimizer.learning_rate = 1e-3
+    c.optimizer.warmup_steps = 50
+    c.train.num_steps = 300
+    c.train.log_every = 25
+    c.train.eval_every = 150
+    c.checkpoint.every = 100
+    c.data.shuffle_buffer = 1000
+  return configlib.lock(c)

@@ -1,0 +1,143 @@
+"""The config schema every `configs/*.py` file starts from, and its arg parser.
+
+Config files are plain Python (big_vision style): `get_config(arg)` builds a
+nested, locked `ml_collections.ConfigDict`. Locking means that an override
+naming a field that does not exist (`--config.train.num_step=5`) fails at once
+with the list of valid fields, before anything is built or compiled.
+"""
+
+import os
+
+import ml_collections
+
+# The corpus bundled in the package (pretrain_lm/data/corpora/README.md).
+CORPUS_DIR = os.path.join(os.path.dirname(__file__), 'data', 'corpora')
+
+
+def parse_arg(arg: str | None, **defaults) -> ml_collections.ConfigDict:
+  """Parses a `size=base,runlocal` config arg into typed values.
+
+  Every key must appear in `defaults`; its type decides how the value is
+  parsed. A bare word (`runlocal`) sets a boolean default to True.
+  """
+  parsed = dict(defaults)
+  for item in filter(None, (arg or '').split(',')):
+    key, sep, value = item.partition('=')
+    if key not in defaults:
+      raise ValueError(
+        f'Unknown config arg {key!r} in {arg!r}; valid args: '
+        f'{sorted(defaults)}.'
+      )
+    default = defaults[key]
+    if not sep:
+      if not isinstance(default, bool):
+        raise ValueError(f'Config arg {key!r} needs a value ({key}=...).')
+      parsed[key] = True
+    elif isinstance(default, bool):
+      if value.lower() not in ('true', 'false', '1', '0'):
+        raise ValueError(f'Config arg {key}={value!r} is not a boolean.')
+      parsed[key] = value.lower() in ('true', '1')
+    else:
+      parsed[key] = type(default)(value)
+  return ml_collections.ConfigDict(parsed)
+
+
+def base_config() -> ml_collections.ConfigDict:
+  """Every section and field a run understands, with neutral defaults."""
+  c = ml_collections.ConfigDict()
+
+  # Architecture: the fields of pretrain_lm.models.config.ModelConfig, filled
+  # from its SIZES table by the family config file.
+  c.model = ml_collections.ConfigDict()
+  c.model.family = 'encoder'  # key of pretrain_lm.models.MODELS
+  c.model.size = ''  # the SIZES preset the dimensions came from (a label)
+  c.model.vocab_size = 30522
+  c.model.num_layers = 12
+  c.model.emb_dim = 768
+  c.model.num_heads = 12
+  c.model.head_dim = 64
+  c.model.mlp_dim = 3072
+  c.model.max_len = 512
+  c.model.type_vocab_size = 2
+  c.model.activation = 'gelu'
+  c.model.norm_position = 'post'  # 'post' (BERT) or 'pre' (GPT-2, T5)
+  c.model.layer_norm_eps = 1e-12
+  c.model.dropout_rate = 0.1
+  c.model.attention_dropout_rate = 0.1
+  c.model.initializer_range = 0.02
+  c.model.dtype = 'float32'  # activations; 'bfloat16' on accelerators
+  c.model.param_dtype = 'float32'
+
+  c.objective = ml_collections.ConfigDict()
+  c.objective.name = 'mlm'  # key of pretrain_lm.objectives.OBJECTIVES
+  c.objective.mask_rate = 0.15  # fraction of non-special tokens predicted
+  c.objective.mask_token_rate = 0.8  # of those: replaced by [MASK]
+  c.objective.random_token_rate = 0.1  # of those: a random token; rest kept
+
+  c.data = ml_collections.ConfigDict()
+  # Comma-separated local paths/globs, or 'tfds:name[/config][:version]'.
+  c.data.source = os.path.join(CORPUS_DIR, 'wikitext-2', 'valid.txt')
+  # Held-out text for evaluation; '' holds out every `eval_holdout_every`-th
+  # document of `source` instead (and trains on the rest).
+  c.data.eval_source = os.path.join(CORPUS_DIR, 'wikitext-2', 'test.txt')
+  c.data.eval_holdout_every = 100
+  c.data.doc_format = 'line'  # 'line': a document per line; 'blank_line'
+  c.data.tfds_split = 'train'
+  c.data.tfds_eval_split = 'validation'
+  c.data.tfds_text_key = 'text'
+  c.data.tfds_data_dir = ''
+  c.data.tokenizer = ''  # a SentencePiece .model; '' trains one on `source`
+  c.data.tokenizer_type = 'unigram'  # or 'bpe'
+  c.data.tokenizer_max_docs = 200_000  # documents sampled to train it
+  c.data.seq_len = 128
+  # How documents fill rows: 'full_sentences' (RoBERTa: back to back, a
+  # [SEP] after each) or 'doc_sentences' (rows never cross a document).
+  c.data.packing = 'full_sentences'
+  c.data.batch_size = 256  # global, across all hosts
+  c.data.shuffle_buffer = 10_000  # packed rows
+  c.data.seed = 0
+  c.data.eval_batches = 8
+
+  c.optimizer = ml_collections.ConfigDict()
+  c.optimizer.name = 'adamw'
+  c.optimizer.learning_rate = 1e-4
+  c.optimizer.b1 = 0.9
+  c.optimizer.b2 = 0.999
+  c.optimizer.eps = 1e-6
+  c.optimizer.weight_decay = 0.01
+  c.optimizer.warmup_steps = 10_000
+  c.optimizer.decay = 'linear'  # to 0 at train.num_steps; or 'constant'
+  c.optimizer.grad_clip_norm = 1.0  # 0 disables clipping
+
+  c.train = ml_collections.ConfigDict()
+  c.train.num_steps = 1_000_000
+  c.train.seed = 0
+  c.train.log_every = 100
+  c.train.eval_every = 10_000
+  # Save a checkpoint and exit cleanly at every multiple of this step (0:
+  # never), for jobs that must fit a scheduler's time slot (Megatron's
+  # --exit-interval); rerunning the same command continues the run.
+  c.train.exit_interval = 0
+  # Peak FLOP/s of one device for MFU; 0 looks the device kind up in a table.
+  c.train.peak_flops_per_device = 0.0
+  c.train.progress_bar = True
+
+  c.mesh = ml_collections.ConfigDict()
+  # Mesh axis sizes; -1 takes all the devices the other axes leave.
+  c.mesh.data = -1
+  c.mesh.fsdp = 1
+  c.mesh.tensor = 1
+
+  c.checkpoint = ml_collections.ConfigDict()
+  c.checkpoint.every = 1000
+  c.checkpoint.keep = 3
+  c.checkpoint.async_save = True
+  c.checkpoint.init_from = ''  # a workdir or checkpoint dir: params only
+
+  return c
+
+
+def lock(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """Locks the config so that an unknown field is an error, not a new field."""
+  config.lock()
+  return config

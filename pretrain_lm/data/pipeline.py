@@ -1,0 +1,357 @@
+"""The input pipeline: read -> tokenize -> pack -> objective transform -> batch.
+
+tf.data only; every output is a host-local dict of numpy arrays with static
+shapes. The train stream is epoch 0, 1, 2, ... back to back; within an epoch
+the packed rows are shuffled with a seed from (data.seed, epoch), and the
+objective's random choices (e.g. MLM masks) use a stateless seed from
+(data.seed, epoch, row index). So every epoch differs, yet the whole stream is
+a pure function of the config and a restart at any batch reproduces it.
+"""
+
+import contextlib
+from collections.abc import Iterator
+
+import ml_collections
+import numpy as np
+import tensorflow as tf
+
+from pretrain_lm import objectives
+from pretrain_lm.data import sources
+from pretrain_lm.data import tokenizer as tokenizer_lib
+
+# TF is only the input pipeline: keep it off the accelerators, whose memory
+# belongs to JAX.
+with contextlib.suppress(RuntimeError):  # raised if TF already started
+  tf.config.set_visible_devices([], 'GPU')
+
+PACKINGS = ('full_sentences', 'doc_sentences')
+# Salts that keep the shuffle seeds and the per-row seeds independent.
+_SHUFFLE_SALT = 0x5EED
+_ROW_SALT = 0xA5C
+_AUTOTUNE = tf.data.AUTOTUNE
+
+
+def tokenize(
+  docs: tf.data.Dataset, tokenizer: tokenizer_lib.Tokenizer
+) -> tf.data.Dataset:
+  """Documents -> int32 token-id vectors."""
+  tf_tokenizer = tokenizer.tf_tokenizer()
+  # Tokenizing a batch per call amortises the op overhead.
+  tokens = docs.batch(64).map(
+    tf_tokenizer.tokenize, num_parallel_calls=_AUTOTUNE, deterministic=True
+  )
+  return tokens.unbatch()
+
+
+def _doc_sentences_rows(tokens, seq_len, cls_id, sep_id, pad_id):
+  """One document -> rows [CLS] piece [SEP] [PAD]*, pieces <= seq_len - 2."""
+  room = seq_len - 2
+  n = tf.size(tokens)
+  num_rows = (n + room - 1) // room
+  lengths = tf.minimum(room, n - tf.range(num_rows) * room)
+  pieces = tf.RaggedTensor.from_row_lengths(tokens, lengths)
+  cls = tf.fill([num_rows, 1], tf.constant(cls_id, tf.int32))
+  sep = tf.fill([num_rows, 1], tf.constant(sep_id, tf.int32))
+  rows = tf.concat([cls, pieces, sep], axis=1)
+  return rows.to_tensor(default_value=pad_id, shape=[None, seq_len])
+
+
+def _full_sentences_step(seq_len, cls_id, sep_id, pad_id):
+  """The scan step that appends one document to the row being filled."""
+  room = seq_len - 2  # a row's tokens between [CLS] and its final [SEP]
+  pads = tf.fill([seq_len], tf.constant(pad_id, tf.int32))
+
+  def step(buf, doc):
+    tokens, is_end = doc
+    # `buf` is the unfinished row without [CLS]: whole documents, each
+    # followed by [SEP], fewer than seq_len - 2 tokens. The end-of-epoch
+    # sentinel flushes it.
+    stream = tf.cond(
+      is_end, lambda: buf, lambda: tf.concat([buf, tokens, [sep_id]], 0)
+    )
+    m = tf.size(stream)
+    # While more than seq_len - 1 stream tokens remain, a row takes
+    # seq_len - 2 of them and ends with an added [SEP] (the document goes on
+    # in the next row). Closed form of that loop:
+    num_split = tf.maximum(0, (m - (seq_len - 1) + room - 1) // room)
+    num_split = tf.where(is_end, 0, num_split)
+    split = tf.reshape(stream[: num_split * room], [num_split, room])
+    split_rows = tf.concat(
+      [
+        tf.fill([num_split, 1], cls_id),
+        split,
+        tf.fill([num_split, 1], sep_id),
+      ],
+      axis=1,
+    )
+    # The rest ends with a [SEP]. It becomes a row if it fills the row, or
+    # leaves one slot, too few for a token and its [SEP]: that row gets one
+    # [PAD] rather than an empty document ([SEP] [SEP]). At the epoch's end
+    # any rest becomes the last, padded row.
+    rest = stream[num_split * room :]
+    done = tf.logical_or(
+      tf.size(rest) >= room, tf.logical_and(is_end, tf.size(rest) > 0)
+    )
+    last_row = tf.reshape(
+      tf.concat([[cls_id], rest, pads], 0)[:seq_len], [seq_len]
+    )
+    num_last = tf.cast(done, tf.int32)
+    rows = tf.concat([split_rows, last_row[None][:num_last]], axis=0)
+    buf = rest[: tf.size(rest) * (1 - num_last)]
+    return buf, rows
+
+  return step
+
+
+def pack(
+  docs: tf.data.Dataset,
+  *,
+  seq_len: int,
+  packing: str,
+  cls_id: int,
+  sep_id: int,
+  pad_id: int,
+) -> tf.data.Dataset:
+  """Packs token-id vectors into rows {'input_ids': int32[seq_len]}.
+
+  Args:
+    docs: int32 token-id vectors, one per document, without specials; empty
+      ones are dropped.
+    seq_len: the row length.
+    packing: 'full_sentences' (RoBERTa): rows of documents back to back,
+      [CLS] doc1 [SEP] doc2 [SEP] ..., a document that does not fit split at
+      the row end with a [SEP]; rows are full but for the epoch's last (and
+      one [PAD] where a single slot is left after a [SEP]).
+      'doc_sentences' (BERT-style): a row never crosses a document boundary;
+      each document is cut into pieces of <= seq_len - 2 tokens, each row
+      [CLS] piece [SEP] [PAD]*.
+    cls_id: id of [CLS].
+    sep_id: id of [SEP].
+    pad_id: id of [PAD].
+
+  Returns:
+    A dataset of rows, in document order.
+  """
+  if seq_len < 3:
+    raise ValueError(f'data.seq_len={seq_len} leaves no room for tokens.')
+  docs = docs.map(lambda ids: tf.cast(ids, tf.int32))
+  # An empty document would give an empty piece: [SEP] alone.
+  docs = docs.filter(lambda ids: tf.size(ids) > 0)
+  if packing == 'doc_sentences':
+    rows = docs.map(
+      lambda ids: _doc_sentences_rows(ids, seq_len, cls_id, sep_id, pad_id),
+      num_parallel_calls=_AUTOTUNE,
+      deterministic=True,
+    )
+  elif packing == 'full_sentences':
+    # An empty document flagged as the end flushes the unfinished row.
+    flagged = docs.map(lambda ids: (ids, False)).concatenate(
+      tf.data.Dataset.from_tensors((tf.zeros([0], tf.int32), True))
+    )
+    step = _full_sentences_step(seq_len, cls_id, sep_id, pad_id)
+    rows = flagged.scan(tf.zeros([0], tf.int32), step)
+  else:
+    raise ValueError(f'data.packing={packing!r} is not one of {PACKINGS}.')
+  return rows.unbatch().map(
+    lambda ids: {'input_ids': tf.ensure_shape(ids, [seq_len])}
+  )
+
+
+def _rows(
+  config: ml_collections.ConfigDict,
+  tokenizer: tokenizer_lib.Tokenizer,
+  *,
+  split: str,
+  process_index: int,
+  process_count: int,
+) -> tf.data.Dataset:
+  """One epoch of this host's packed rows of `split`, unshuffled."""
+  docs = sources.documents(
+    config.data,
+    split=split,
+    process_index=process_index,
+    process_count=process_count,
+  )
+  return pack(
+    tokenize(docs, tokenizer),
+    seq_len=config.data.seq_len,
+    packing=config.data.packing,
+    cls_id=tokenizer.cls_id,
+    sep_id=tokenizer.sep_id,
+    pad_id=tokenizer.pad_id,
+  )
+
+
+def _row_seed(data_seed: int, epoch, index) -> tf.Tensor:
+  """The stateless seed (shape [2]) of row `index` of `epoch`."""
+  seed = tf.constant([data_seed, _ROW_SALT], tf.int64)
+  seed = tf.random.experimental.stateless_fold_in(seed, epoch)
+  return tf.random.experimental.stateless_fold_in(seed, index)
+
+
+def _epoch(rows: tf.data.Dataset, data_config, epoch) -> tf.data.Dataset:
+  """`rows` shuffled for `epoch`, as (epoch, index in epoch, row)."""
+  epoch = tf.cast(epoch, tf.int64)
+  shuffle_seed = tf.random.stateless_uniform(
+    [],
+    seed=tf.stack([tf.constant(data_config.seed, tf.int64), epoch]),
+    minval=None,
+    maxval=None,
+    dtype=tf.int64,
+  )
+  shuffle_seed = tf.bitwise.bitwise_xor(shuffle_seed, _SHUFFLE_SALT)
+  rows = rows.shuffle(
+    data_config.shuffle_buffer,
+    seed=shuffle_seed,
+    reshuffle_each_iteration=False,
+  )
+  return rows.enumerate().map(lambda i, row: (epoch, i, row))
+
+
+def _per_host_batch(data_config, process_count: int) -> int:
+  if data_config.batch_size % process_count:
+    raise ValueError(
+      f'data.batch_size={data_config.batch_size} is not divisible by the '
+      f'{process_count} processes.'
+    )
+  return data_config.batch_size // process_count
+
+
+def _count(ds: tf.data.Dataset) -> int:
+  return int(ds.reduce(tf.constant(0, tf.int64), lambda n, _: n + 1))
+
+
+def _options() -> tf.data.Options:
+  options = tf.data.Options()
+  # Order must never depend on thread timing: restarts replay the stream.
+  options.deterministic = True
+  return options
+
+
+def train_dataset(
+  config: ml_collections.ConfigDict,
+  tokenizer: tokenizer_lib.Tokenizer,
+  *,
+  start_batch: int = 0,
+  process_index: int = 0,
+  process_count: int = 1,
+) -> tf.data.Dataset:
+  """This host's endless stream of training batches, from `start_batch` on.
+
+  Args:
+    config: the full run config (uses `data` and `objective`).
+    tokenizer: the run's tokenizer.
+    start_batch: the number of batches already consumed (the train step to
+      resume at); the stream equals a fresh one with that many batches
+      skipped.
+    process_index: this host's index.
+    process_count: the number of hosts.
+
+  Returns:
+    A dataset of dicts of fixed-shape tensors, each with a leading
+    per-host batch dimension of data.batch_size // process_count.
+  """
+  data_config = config.data
+  batch = _per_host_batch(data_config, process_count)
+  objective = objectives.OBJECTIVES[config.objective.name]
+  rows = _rows(
+    config,
+    tokenizer,
+    split='train',
+    process_index=process_index,
+    process_count=process_count,
+  )
+  # Every epoch has the same rows (only their order differs), so checking
+  # the first batch's worth is enough, and cheap.
+  if _count(rows.take(batch)) < batch:
+    raise ValueError(
+      f'data.source={data_config.source!r} gives fewer than {batch} rows '
+      f'of data.seq_len={data_config.seq_len} per epoch on this host, not '
+      'one full batch: use more text or a smaller data.batch_size.'
+    )
+  # Resume: skip whole epochs arithmetically (counting one epoch's rows),
+  # then rows within the epoch. Rows are skipped before the objective's
+  # transform, so that no skipped row is masked.
+  skip = start_batch * batch
+  start_epoch = 0
+  if skip:
+    epoch_rows = _count(rows.take(skip + 1))
+    if epoch_rows <= skip:  # the whole epoch, counted
+      start_epoch, skip = divmod(skip, epoch_rows)
+  stream = tf.data.Dataset.counter(start_epoch).flat_map(
+    lambda epoch: _epoch(rows, data_config, epoch)
+  )
+  stream = stream.skip(skip)
+
+  def transform(epoch, index, row):
+    seed = _row_seed(data_config.seed, epoch, index)
+    return objective.transform(
+      row, seed, config=config.objective, tokenizer=tokenizer
+    )
+
+  stream = stream.map(
+    transform, num_parallel_calls=_AUTOTUNE, deterministic=True
+  )
+  stream = stream.batch(batch, drop_remainder=True).prefetch(_AUTOTUNE)
+  return stream.with_options(_options())
+
+
+def train_iterator(
+  config: ml_collections.ConfigDict,
+  tokenizer: tokenizer_lib.Tokenizer,
+  *,
+  start_batch: int = 0,
+  process_index: int = 0,
+  process_count: int = 1,
+) -> Iterator[dict[str, np.ndarray]]:
+  """train_dataset as an iterator of numpy dicts."""
+  return train_dataset(
+    config,
+    tokenizer,
+    start_batch=start_batch,
+    process_index=process_index,
+    process_count=process_count,
+  ).as_numpy_iterator()
+
+
+def eval_batches(
+  config: ml_collections.ConfigDict,
+  tokenizer: tokenizer_lib.Tokenizer,
+  *,
+  process_index: int = 0,
+  process_count: int = 1,
+) -> list[dict[str, np.ndarray]]:
+  """The data.eval_batches evaluation batches: unshuffled, fixed masks."""
+  data_config = config.data
+  batch = _per_host_batch(data_config, process_count)
+  objective = objectives.OBJECTIVES[config.objective.name]
+  rows = _rows(
+    config,
+    tokenizer,
+    split='eval',
+    process_index=process_index,
+    process_count=process_count,
+  )
+
+  def transform(index, row):
+    seed = _row_seed(data_config.seed, 0, index)
+    return objective.transform(
+      row, seed, config=config.objective, tokenizer=tokenizer
+    )
+
+  ds = rows.enumerate().map(
+    transform, num_parallel_calls=_AUTOTUNE, deterministic=True
+  )
+  ds = ds.batch(batch, drop_remainder=True).take(data_config.eval_batches)
+  batches = list(ds.with_options(_options()).as_numpy_iterator())
+  if len(batches) < data_config.eval_batches:
+    # Every host must run the same number of eval steps, so a short eval
+    # split is an error rather than fewer batches.
+    source = data_config.eval_source or data_config.source
+    raise ValueError(
+      f'The eval split ({source!r}) gives {len(batches)} batches of '
+      f'{batch} rows on this host, fewer than data.eval_batches='
+      f'{data_config.eval_batches}: lower data.eval_batches or use more '
+      'eval text.'
+    )
+  return batches

@@ -1,0 +1,290 @@
+"""SentencePiece tokenizers: training, loading and the run's tokenizer setup.
+
+Every tokenizer here has the same five special tokens at fixed ids, so that
+objectives, checkpoints and fine-tuning code can rely on them:
+[PAD]=0, [UNK]=1, [CLS]=2, [SEP]=3, [MASK]=4.
+"""
+
+import io
+import os
+from collections.abc import Iterable, Iterator
+
+import ml_collections
+import sentencepiece as spm
+import tensorflow as tf
+import tensorflow_text as tf_text
+from absl import logging
+
+from pretrain_lm.data import sources
+
+SPECIAL_PIECES = {
+  'pad': ('[PAD]', 0),
+  'unk': ('[UNK]', 1),
+  'cls': ('[CLS]', 2),
+  'sep': ('[SEP]', 3),
+  'mask': ('[MASK]', 4),
+}
+MODEL_TYPES = ('unigram', 'bpe')
+# The file a run keeps its tokenizer in, inside the workdir.
+WORKDIR_FILENAME = 'tokenizer.model'
+
+
+class Tokenizer:
+  """A SentencePiece model with the fixed special ids checked on load."""
+
+  def __init__(self, path: str):
+    if not tf.io.gfile.exists(path):
+      raise FileNotFoundError(f'Tokenizer file not found: {path!r}.')
+    with tf.io.gfile.GFile(path, 'rb') as f:
+      self._model_bytes = f.read()
+    self.path = path
+    self._sp = spm.SentencePieceProcessor()
+    try:
+      self._sp.LoadFromSerializedProto(self._model_bytes)
+    except RuntimeError as e:
+      raise ValueError(f'{path!r} is not a SentencePiece model: {e}') from e
+    self._check_special_ids()
+
+  def _check_special_ids(self):
+    """Raises if this model's special tokens are not at the fixed ids."""
+    found = {
+      'pad': self._sp.pad_id(),
+      'unk': self._sp.unk_id(),
+      'cls': self._sp.bos_id(),
+      'sep': self._sp.eos_id(),
+      'mask': self._sp.piece_to_id('[MASK]'),
+    }
+    for name, (piece, want) in SPECIAL_PIECES.items():
+      ok = found[name] == want and self._sp.id_to_piece(want) == piece
+      if not ok:
+        wanted = ', '.join(f'{p}={i}' for p, i in SPECIAL_PIECES.values())
+        raise ValueError(
+          f'Tokenizer {self.path!r} has {piece} at id {found[name]}; '
+          f'pretrain_lm needs {wanted}. Train one with '
+          'pretrain_lm.data.tokenizer.train_tokenizer.'
+        )
+
+  @property
+  def vocab_size(self) -> int:
+    return self._sp.vocab_size()
+
+  @property
+  def pad_id(self) -> int:
+    return SPECIAL_PIECES['pad'][1]
+
+  @property
+  def unk_id(self) -> int:
+    return SPECIAL_PIECES['unk'][1]
+
+  @property
+  def cls_id(self) -> int:
+    return SPECIAL_PIECES['cls'][1]
+
+  @property
+  def sep_id(self) -> int:
+    return SPECIAL_PIECES['sep'][1]
+
+  @property
+  def mask_id(self) -> int:
+    return SPECIAL_PIECES['mask'][1]
+
+  @property
+  def special_ids(self) -> dict[str, int]:
+    """Name -> id of the special tokens (JSON-serialisable, for metadata)."""
+    return {name: i for name, (_, i) in SPECIAL_PIECES.items()}
+
+  @property
+  def first_normal_id(self) -> int:
+    """The smallest id that is not a special token."""
+    return max(self.special_ids.values()) + 1
+
+  def encode(self, text: str) -> list[int]:
+    """Token ids of `text`, without [CLS]/[SEP]."""
+    return self._sp.encode(text)
+
+  def decode(self, ids: Iterable[int]) -> str:
+    """Text of `ids`, skipping [PAD]."""
+    return self._sp.decode([int(i) for i in ids if int(i) != self.pad_id])
+
+  def model_bytes(self) -> bytes:
+    """The serialized SentencePiece model."""
+    return self._model_bytes
+
+  def tf_tokenizer(self) -> tf_text.SentencepieceTokenizer:
+    """The same model as a TF op, for tokenizing inside tf.data graphs."""
+    return tf_text.SentencepieceTokenizer(
+      model=self._model_bytes, out_type=tf.int32
+    )
+
+  def __repr__(self) -> str:
+    return f'Tokenizer({self.path!r}, vocab_size={self.vocab_size})'
+
+
+def load_tokenizer(path: str) -> Tokenizer:
+  """Loads a SentencePiece .model file (local or gs://)."""
+  return Tokenizer(path)
+
+
+def _sentences(texts: Iterable[str]) -> Iterator[str]:
+  """The non-empty lines of `texts`: SentencePiece trains on sentences."""
+  for text in texts:
+    for line in text.split('\n'):
+      line = line.strip()
+      if line:
+        yield line
+
+
+def train_tokenizer(
+  texts: Iterable[str],
+  path: str,
+  *,
+  vocab_size: int,
+  model_type: str = 'unigram',
+  seed: int = 0,
+) -> Tokenizer:
+  """Trains a SentencePiece model on `texts` and writes it to `path`.
+
+  Args:
+    texts: documents; each line of each is a training sentence.
+    path: where to write the .model file (local or gs://).
+    vocab_size: the most pieces the model may have. Small corpora give fewer
+      (the limit is soft), so a run's model.vocab_size is an upper bound.
+    model_type: 'unigram' or 'bpe'.
+    seed: seeds SentencePiece's sentence sampling.
+
+  Returns:
+    The trained tokenizer, loaded from `path`.
+  """
+  if model_type not in MODEL_TYPES:
+    raise ValueError(
+      f'data.tokenizer_type={model_type!r} is not one of {MODEL_TYPES}.'
+    )
+  spm.set_random_generator_seed(seed)
+  model = io.BytesIO()
+  pieces = {name: piece for name, (piece, _) in SPECIAL_PIECES.items()}
+  ids = {name: i for name, (_, i) in SPECIAL_PIECES.items()}
+  try:
+    spm.SentencePieceTrainer.train(
+      sentence_iterator=_sentences(texts),
+      model_writer=model,
+      vocab_size=vocab_size,
+      model_type=model_type,
+      pad_id=ids['pad'],
+      pad_piece=pieces['pad'],
+      unk_id=ids['unk'],
+      unk_piece=pieces['unk'],
+      bos_id=ids['cls'],
+      bos_piece=pieces['cls'],
+      eos_id=ids['sep'],
+      eos_piece=pieces['sep'],
+      # Follows the four control pieces, so it gets id 4; user-defined
+      # pieces also match the literal text "[MASK]" when encoding.
+      user_defined_symbols=[pieces['mask']],
+      # Soft limit: a corpus too small for `vocab_size` pieces gives fewer
+      # instead of failing (the bundled 1 MB corpus fills ~7.5k unigram
+      # pieces); the model's embedding table may be larger than needed.
+      hard_vocab_limit=False,
+      character_coverage=1.0,
+      byte_fallback=False,
+      # Sampling sentences above this count keeps memory and time bounded
+      # on large corpora; it is seeded above, so training is deterministic.
+      input_sentence_size=2_000_000,
+      shuffle_input_sentence=True,
+      max_sentence_length=1 << 16,
+      # One thread: multi-threaded EM can give different pieces run to run.
+      num_threads=1,
+      minloglevel=2,
+    )
+  except RuntimeError as e:
+    if 'Vocabulary size' not in str(e):
+      raise
+    # SentencePiece fails for a vocab too small for the text's characters,
+    # or (were the limit hard) too large for the text.
+    advice = 'smaller' if 'too high' in str(e) else 'larger'
+    raise ValueError(
+      f'Cannot train a tokenizer with model.vocab_size={vocab_size} on this '
+      f'text ({e}); use a {advice} --config.model.vocab_size.'
+    ) from e
+  tf.io.gfile.makedirs(os.path.dirname(path) or '.')
+  # Write then rename, so a crash never leaves a truncated tokenizer that a
+  # resumed run would pick up.
+  tmp_path = path + '.tmp'
+  with tf.io.gfile.GFile(tmp_path, 'wb') as f:
+    f.write(model.getvalue())
+  tf.io.gfile.rename(tmp_path, path, overwrite=True)
+  tokenizer = load_tokenizer(path)
+  if tokenizer.vocab_size < vocab_size:
+    logging.warning(
+      'The text only fills %d of the %d requested tokenizer pieces; %s has '
+      'vocab_size %d.',
+      tokenizer.vocab_size,
+      vocab_size,
+      path,
+      tokenizer.vocab_size,
+    )
+  return tokenizer
+
+
+def setup_tokenizer(
+  data_config: ml_collections.ConfigDict,
+  *,
+  vocab_size: int,
+  workdir: str,
+  is_chief: bool = True,
+) -> Tokenizer:
+  """The run's tokenizer, stored as `workdir/tokenizer.model`.
+
+  Only the chief writes; other processes load the chief's file, so the caller
+  must put a barrier between the chief's call and theirs.
+
+  Args:
+    data_config: the config's `data` section.
+    vocab_size: model.vocab_size, the rows of the embedding table.
+    workdir: the run's directory.
+    is_chief: whether this is process 0.
+
+  Returns:
+    The tokenizer, with vocab_size <= `vocab_size`.
+  """
+  path = os.path.join(workdir, WORKDIR_FILENAME)
+  # Resume order: (1) the workdir's tokenizer, since a resumed run must keep
+  # the ids its checkpoints were trained with; (2) data.tokenizer, copied into
+  # the workdir so the run stays self-contained; (3) a new one trained on
+  # data.source.
+  if not is_chief or tf.io.gfile.exists(path):
+    tokenizer = load_tokenizer(path)
+  elif data_config.tokenizer:
+    tokenizer = load_tokenizer(data_config.tokenizer)
+    _check_fits(tokenizer, vocab_size)
+    tf.io.gfile.makedirs(workdir)
+    tf.io.gfile.copy(data_config.tokenizer, path, overwrite=True)
+    tokenizer = load_tokenizer(path)
+  else:
+    logging.info(
+      'Training a %s tokenizer (vocab %d) on %s.',
+      data_config.tokenizer_type,
+      vocab_size,
+      data_config.source,
+    )
+    texts = sources.iter_texts(
+      data_config, limit=data_config.tokenizer_max_docs
+    )
+    tokenizer = train_tokenizer(
+      texts,
+      path,
+      vocab_size=vocab_size,
+      model_type=data_config.tokenizer_type,
+      seed=data_config.seed,
+    )
+  _check_fits(tokenizer, vocab_size)
+  return tokenizer
+
+
+def _check_fits(tokenizer: Tokenizer, vocab_size: int) -> None:
+  """Raises if the model's embedding table has no row for some token id."""
+  if tokenizer.vocab_size > vocab_size:
+    raise ValueError(
+      f'Tokenizer {tokenizer.path!r} has {tokenizer.vocab_size} tokens, '
+      f'more than model.vocab_size={vocab_size}; set '
+      f'--config.model.vocab_size={tokenizer.vocab_size} or larger.'
+    )

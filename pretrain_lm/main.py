@@ -1,0 +1,68 @@
+r"""Pretrains a model: `python -m pretrain_lm.main --config=... --workdir=...`.
+
+  python -m pretrain_lm.main --config=configs/bert.py:size=tiny \
+      --workdir=/tmp/run --config.train.num_steps=300
+
+Rerunning the same command resumes from the latest checkpoint in --workdir.
+"""
+
+import os
+
+# TensorFlow is only the input pipeline: keep its C++ logs quiet and keep it
+# off accelerators (pipeline.py also hides GPUs from it).
+os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+
+from absl import app, flags, logging  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+from pretrain_lm import validate  # noqa: E402
+
+_CONFIG = config_flags.DEFINE_config_file(
+  'config',
+  None,
+  'Config file, e.g. configs/bert.py:size=tiny.',
+  lock_config=True,
+)
+_WORKDIR = flags.DEFINE_string(
+  'workdir', None, 'Directory for checkpoints, metrics and the tokenizer.'
+)
+flags.mark_flags_as_required(['config', 'workdir'])
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+  config, workdir = _CONFIG.value, _WORKDIR.value
+  if not flags.FLAGS['verbosity'].present:
+    # Orbax logs every save at INFO; metrics and progress are on the console.
+    logging.set_verbosity(logging.WARNING)
+  # Bad input fails here, in seconds, before tokenizer training or compiling.
+  try:
+    validate.check_config(config)
+  except (ValueError, FileNotFoundError) as e:
+    raise SystemExit(f'error: {e}') from None
+
+  from pretrain_lm import train  # JAX/TF import is slow; errors come first.
+
+  logging.info('Config:\n%s', config)
+  train.train_and_evaluate(config, workdir)
+  print(
+    f'\nCheckpoints, metrics.jsonl and TensorBoard logs are in {workdir}.\n'
+    'Load the model in Python:\n'
+    '  import pretrain_lm\n'
+    f'  m = pretrain_lm.load({workdir!r})  # m.config, m.params, m.tokenizer\n'
+    f'TensorBoard logs: {workdir}/tensorboard'
+  )
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+  """absl flag parsing, with a clear message for a mistyped config field."""
+  try:
+    return flags.FLAGS(argv)
+  except (flags.Error, AttributeError, KeyError) as e:
+    message = validate.unknown_override(argv) or str(e)
+    raise SystemExit(f'error: {message}') from None
+
+
+if __name__ == '__main__':
+  app.run(main, flags_parser=parse_flags)

@@ -1,0 +1,134 @@
+"""Metric output (TensorBoard, metrics.jsonl, console) and MFU accounting.
+
+Only process 0 writes; other processes get a writer that drops everything.
+"""
+
+import json
+import math
+import os
+from typing import Any
+
+import jax
+import tensorflow as tf
+import tqdm
+
+# Peak dense bf16 FLOP/s of one device (vendor datasheets), matched against
+# jax's device_kind. Unknown kinds (CPUs) give no MFU unless
+# train.peak_flops_per_device is set.
+PEAK_FLOPS = (
+  ('TPU v6', 918e12),
+  ('TPU v5p', 459e12),
+  ('TPU v5', 197e12),  # v5e reports 'TPU v5 lite'
+  ('TPU v4', 275e12),
+  ('TPU v3', 123e12),
+  ('H200', 989e12),
+  ('H100', 989e12),
+  ('A100', 312e12),
+  ('L4', 121e12),
+)
+
+
+def peak_flops_per_device(override: float = 0.0) -> float | None:
+  """The configured peak, else the table's entry for this device kind."""
+  if override:
+    return float(override)
+  kind = jax.devices()[0].device_kind
+  for name, flops in PEAK_FLOPS:
+    if name.lower() in kind.lower():
+      return flops
+  return None
+
+
+class MetricWriter:
+  """Writes scalars to TensorBoard and workdir/metrics.jsonl; shows progress."""
+
+  def __init__(
+    self,
+    workdir: str,
+    *,
+    total_steps: int,
+    initial_step: int,
+    enabled: bool,
+    progress_bar: bool = True,
+  ):
+    self.enabled = enabled
+    self._bar = None
+    if not enabled:
+      return
+    self._tb = tf.summary.create_file_writer(
+      os.path.join(workdir, 'tensorboard')
+    )
+    # Append: a resumed run continues the same file.
+    self._jsonl = tf.io.gfile.GFile(os.path.join(workdir, 'metrics.jsonl'), 'a')
+    if progress_bar:
+      self._bar = tqdm.tqdm(
+        total=total_steps,
+        initial=initial_step,
+        unit='step',
+        dynamic_ncols=True,
+        smoothing=0.1,
+      )
+
+  def write(self, step: int, scalars: dict[str, Any]) -> None:
+    """Records one logged step's scalars (NaN-free JSON: None for missing)."""
+    if not self.enabled:
+      return
+    clean = {k: _to_float(v) for k, v in scalars.items()}
+    with self._tb.as_default(step=step):
+      for k, v in clean.items():
+        if v is not None:
+          tf.summary.scalar(k, v)
+    self._tb.flush()
+    self._jsonl.write(json.dumps({'step': step, **clean}) + '\n')
+    self._jsonl.flush()
+    line = ' '.join(
+      f'{k}={_fmt(v)}'
+      for k, v in clean.items()
+      if k in _CONSOLE and v is not None
+    )
+    self.print(f'step {step}: {line}')
+
+  def advance(self, steps: int = 1) -> None:
+    if self._bar is not None:
+      self._bar.update(steps)
+
+  def print(self, message: str) -> None:
+    if not self.enabled:
+      return
+    if self._bar is not None:
+      self._bar.write(message)
+    else:
+      print(message, flush=True)
+
+  def close(self) -> None:
+    if not self.enabled:
+      return
+    if self._bar is not None:
+      self._bar.close()
+    self._jsonl.close()
+    self._tb.close()
+
+
+_CONSOLE = (
+  'loss',
+  'mlm_accuracy',
+  'perplexity',
+  'learning_rate',
+  'grad_norm',
+  'tokens_per_s',
+  'mfu',
+  'eval_loss',
+  'eval_mlm_accuracy',
+  'eval_perplexity',
+)
+
+
+def _to_float(v: Any) -> float | None:
+  if v is None:
+    return None
+  v = float(v)
+  return v if math.isfinite(v) else None
+
+
+def _fmt(v: float) -> str:
+  return f'{v:.4g}' if abs(v) < 1e5 else f'{v:.3e}'

@@ -1,0 +1,11 @@
+"""Model families by name: `MODELS[config.model.family](ModelConfig)`."""
+
+from pretrain_lm.models.config import SIZES, ModelConfig
+from pretrain_lm.models.encoder import EncoderModel
+
+# Decoder and encoder-decoder families join this dict (see issue 3).
+MODELS = {
+  'encoder': EncoderModel,
+}
+
+__all__ = ['MODELS', 'SIZES', 'ModelConfig']

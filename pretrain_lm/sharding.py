@@ -1,0 +1,100 @@
+"""Device mesh, the logical-axis rule table, and host batch -> global array.
+
+Model code names logical axes only (`embed`, `mlp`, ...); this table is the
+one place that maps them onto the mesh axes ('data', 'fsdp', 'tensor'):
+  data   - pure data parallelism: parameters replicated, batch split.
+  fsdp   - batch split AND parameters/optimizer state split along `embed`
+           (ZeRO-3 style: gathered for use, gradients reduce-scattered).
+  tensor - Megatron-style model parallelism over heads, MLP width and vocab.
+"""
+
+from collections.abc import Mapping, Sequence
+
+import jax
+import numpy as np
+from flax import linen as nn
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
+
+MESH_AXES = ('data', 'fsdp', 'tensor')
+
+LOGICAL_AXIS_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
+  # Parameters.
+  ('vocab', 'tensor'),
+  ('embed', 'fsdp'),
+  ('mlp', 'tensor'),
+  ('heads', 'tensor'),
+  ('kv', None),
+  ('position', None),
+  ('type_vocab', None),
+  ('norm', None),
+  # Activations: the batch is split over every data-like axis.
+  ('batch', ('data', 'fsdp')),
+  ('activation_batch', ('data', 'fsdp')),
+  ('activation_length', None),
+  ('activation_embed', None),
+  ('activation_heads', 'tensor'),
+  ('activation_mlp', 'tensor'),
+  ('activation_vocab', 'tensor'),
+)
+
+
+def mesh_shape(mesh_config: Mapping[str, int], num_devices: int) -> tuple:
+  """Resolves the (data, fsdp, tensor) sizes; one of them may be -1."""
+  sizes = [int(mesh_config[a]) for a in MESH_AXES]
+  if sizes.count(-1) > 1:
+    raise ValueError(f'mesh: at most one axis may be -1, got {sizes}.')
+  known = int(np.prod([s for s in sizes if s != -1]))
+  if any(s == 0 or s < -1 for s in sizes) or num_devices % known:
+    raise ValueError(
+      f'mesh (data, fsdp, tensor) = {tuple(sizes)} does not divide the '
+      f'{num_devices} available devices.'
+    )
+  sizes = [num_devices // known if s == -1 else s for s in sizes]
+  if int(np.prod(sizes)) != num_devices:
+    raise ValueError(
+      f'mesh (data, fsdp, tensor) = {tuple(sizes)} uses '
+      f'{int(np.prod(sizes))} devices but {num_devices} are available; '
+      'set one axis to -1 to use the rest.'
+    )
+  return tuple(sizes)
+
+
+def make_mesh(
+  mesh_config: Mapping[str, int], devices: Sequence[jax.Device] | None = None
+) -> Mesh:
+  """A ('data', 'fsdp', 'tensor') mesh over `devices` (default: all)."""
+  devices = list(jax.devices() if devices is None else devices)
+  shape = mesh_shape(mesh_config, len(devices))
+  # Auto axes: jit's GSPMD partitioner propagates shardings from the in/out
+  # shardings and the logical constraints (jax.make_mesh defaults to Explicit).
+  return jax.make_mesh(
+    shape, MESH_AXES, axis_types=(AxisType.Auto,) * 3, devices=devices
+  )
+
+
+def logical_to_sharding(logical_specs, mesh: Mesh):
+  """Maps a tree of logical PartitionSpecs to NamedShardings on `mesh`."""
+  return nn.logical_to_mesh_sharding(logical_specs, mesh, LOGICAL_AXIS_RULES)
+
+
+def batch_sharding(mesh: Mesh) -> NamedSharding:
+  """Batch dim split over ('data', 'fsdp'), the rest replicated."""
+  spec = nn.logical_to_mesh_axes(('batch',), LOGICAL_AXIS_RULES)
+  return NamedSharding(mesh, spec)
+
+
+def host_to_global(batch: dict[str, np.ndarray], mesh: Mesh) -> dict:
+  """Turns this host's slice of the batch into global, sharded jax.Arrays.
+
+  The only place host-local data becomes global: each process passes the rows
+  it read, and the global batch is their concatenation in process order.
+  """
+  sharding = batch_sharding(mesh)
+  return {
+    k: jax.make_array_from_process_local_data(sharding, np.asarray(v))
+    for k, v in batch.items()
+  }
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+  return NamedSharding(mesh, PartitionSpec())

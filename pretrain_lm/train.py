@@ -1,0 +1,520 @@
+"""Training: state initialised into its shardings, pure steps, the loop."""
+
+import functools
+import os
+import signal
+import time
+from typing import Any
+
+import flax
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+import tensorflow as tf
+from flax import linen as nn
+from jax.experimental import multihost_utils
+
+from pretrain_lm import checkpoint as checkpoint_lib
+from pretrain_lm import metrics as metrics_lib
+from pretrain_lm import sharding
+from pretrain_lm.data import pipeline
+from pretrain_lm.data import tokenizer as tokenizer_lib
+from pretrain_lm.models import MODELS, ModelConfig
+from pretrain_lm.objectives import OBJECTIVES
+
+
+@flax.struct.dataclass
+class TrainState:
+  """Everything a step changes; the whole of it is checkpointed."""
+
+  step: jax.Array
+  params: Any
+  opt_state: Any
+  # Raw key data (uint32[2]): the base key for dropout, folded with the step
+  # so a resumed run draws exactly the masks it would have drawn.
+  rng: jax.Array
+
+
+def learning_rate_schedule(opt: ml_collections.ConfigDict, num_steps: int):
+  """Linear warmup to the peak, then linear decay to 0 at num_steps (BERT)."""
+  warmup = optax.linear_schedule(0.0, opt.learning_rate, opt.warmup_steps)
+  if opt.decay == 'linear':
+    after = optax.linear_schedule(
+      opt.learning_rate, 0.0, max(num_steps - opt.warmup_steps, 1)
+    )
+  elif opt.decay == 'constant':
+    after = optax.constant_schedule(opt.learning_rate)
+  else:
+    raise ValueError(
+      f"optimizer.decay={opt.decay!r}; expected 'linear' or 'constant'."
+    )
+  return optax.join_schedules([warmup, after], [opt.warmup_steps])
+
+
+def make_optimizer(opt: ml_collections.ConfigDict, num_steps: int):
+  """AdamW with global-norm clipping; returns (tx, schedule)."""
+  if opt.name != 'adamw':
+    raise ValueError(f"optimizer.name={opt.name!r}; only 'adamw' is known.")
+  schedule = learning_rate_schedule(opt, num_steps)
+  # BERT exempts biases and LayerNorm parameters (the 1-D ones) from decay.
+  decay_mask = lambda params: jax.tree.map(lambda p: p.ndim > 1, params)
+  chain = []
+  if opt.grad_clip_norm:
+    chain.append(optax.clip_by_global_norm(opt.grad_clip_norm))
+  chain.append(
+    optax.adamw(
+      schedule,
+      b1=opt.b1,
+      b2=opt.b2,
+      eps=opt.eps,
+      weight_decay=opt.weight_decay,
+      mask=decay_mask,
+    )
+  )
+  return optax.chain(*chain), schedule
+
+
+def abstract_batch(element_spec: dict) -> dict:
+  """Global-batch ShapeDtypeStructs from one host's tf.data element_spec."""
+  return {
+    k: jax.ShapeDtypeStruct(
+      (s.shape[0] * jax.process_count(), *s.shape[1:]),
+      s.dtype.as_numpy_dtype,
+    )
+    for k, s in element_spec.items()
+  }
+
+
+def init_fn(rng, batch, *, model, tx) -> TrainState:
+  """Builds a fresh state; its params still carry logical-axis boxes."""
+  params_rng, dropout_rng = jax.random.split(rng)
+  variables = model.init(
+    {'params': params_rng, 'dropout': dropout_rng}, batch, deterministic=True
+  )
+  params = variables['params']
+  return TrainState(
+    step=jnp.zeros((), jnp.int32),
+    params=params,
+    opt_state=tx.init(params),
+    rng=jax.random.key_data(jax.random.fold_in(rng, 1)),
+  )
+
+
+def state_shardings(model, tx, batch, mesh):
+  """The NamedSharding of every state leaf, derived from the rule table."""
+  abstract = jax.eval_shape(
+    functools.partial(init_fn, model=model, tx=tx), jax.random.key(0), batch
+  )
+  logical_specs = nn.get_partition_spec(abstract)
+  return sharding.logical_to_sharding(logical_specs, mesh)
+
+
+def create_train_state(rng, batch, *, model, tx, shardings) -> TrainState:
+  """Initialises the state directly into its shardings (never on one host)."""
+  init = lambda r, b: nn.meta.unbox(init_fn(r, b, model=model, tx=tx))
+  return jax.jit(init, out_shardings=shardings)(rng, batch)
+
+
+def train_step(state: TrainState, batch, *, model, tx, loss_fn, schedule):
+  """One optimizer step; pure, so jit can shard and donate it."""
+  dropout_rng = jax.random.fold_in(
+    jax.random.wrap_key_data(state.rng), state.step
+  )
+
+  def compute_loss(params):
+    outputs = model.apply(
+      {'params': params},
+      batch,
+      deterministic=False,
+      rngs={'dropout': dropout_rng},
+    )
+    return loss_fn(outputs, batch)
+
+  (_, metrics), grads = jax.value_and_grad(compute_loss, has_aux=True)(
+    state.params
+  )
+  updates, opt_state = tx.update(grads, state.opt_state, state.params)
+  params = optax.apply_updates(state.params, updates)
+  metrics = dict(
+    metrics,
+    grad_norm=optax.global_norm(grads),
+    learning_rate=schedule(state.step),
+  )
+  new_state = state.replace(
+    step=state.step + 1, params=params, opt_state=opt_state
+  )
+  return new_state, metrics
+
+
+def eval_step(params, batch, *, model, loss_fn):
+  """The objective's metrics on one batch, without dropout."""
+  outputs = model.apply({'params': params}, batch, deterministic=True)
+  return loss_fn(outputs, batch)[1]
+
+
+class Trainer:
+  """Builds everything a run needs from a config; `run()` is the loop."""
+
+  def __init__(
+    self,
+    config: ml_collections.ConfigDict,
+    workdir: str,
+    mesh: jax.sharding.Mesh | None = None,
+  ):
+    self.config = config
+    self.workdir = workdir
+    self.is_chief = jax.process_index() == 0
+    self.mesh = mesh or sharding.make_mesh(config.mesh)
+    if self.is_chief:
+      _write_run_files(config, workdir)
+    self.tokenizer = self._setup_tokenizer()
+    self.model_config = ModelConfig.from_config(config.model)
+    self.model = MODELS[config.model.family](self.model_config)
+    self.objective = OBJECTIVES[config.objective.name]
+    self.tx, self.schedule = make_optimizer(
+      config.optimizer, config.train.num_steps
+    )
+    # Shapes come from the pipeline itself, so model and data cannot disagree.
+    spec = pipeline.train_dataset(
+      config,
+      self.tokenizer,
+      process_index=jax.process_index(),
+      process_count=jax.process_count(),
+    ).element_spec
+    self.batch_shapes = abstract_batch(spec)
+    with self.context():
+      self.shardings = state_shardings(
+        self.model, self.tx, self.batch_shapes, self.mesh
+      )
+    self.batch_sharding = sharding.batch_sharding(self.mesh)
+    self.checkpointer = checkpoint_lib.Checkpointer(
+      os.path.join(workdir, checkpoint_lib.CHECKPOINT_DIR),
+      keep=config.checkpoint.keep,
+      async_save=config.checkpoint.async_save,
+    )
+    self._p_train_step = jax.jit(
+      functools.partial(
+        train_step,
+        model=self.model,
+        tx=self.tx,
+        loss_fn=self.objective.loss,
+        schedule=self.schedule,
+      ),
+      in_shardings=(self.shardings, self.batch_sharding),
+      out_shardings=(self.shardings, sharding.replicated(self.mesh)),
+      donate_argnums=0,
+    )
+    self._p_eval_step = jax.jit(
+      functools.partial(
+        eval_step, model=self.model, loss_fn=self.objective.loss
+      ),
+      in_shardings=(self.shardings.params, self.batch_sharding),
+      out_shardings=sharding.replicated(self.mesh),
+    )
+
+  def context(self):
+    """Mesh + logical rules, needed while tracing the model's constraints."""
+    stack = _Contexts(
+      jax.set_mesh(self.mesh),
+      nn.logical_axis_rules(sharding.LOGICAL_AXIS_RULES),
+    )
+    return stack
+
+  def _setup_tokenizer(self) -> tokenizer_lib.Tokenizer:
+    if self.is_chief:
+      tokenizer_lib.setup_tokenizer(
+        self.config.data,
+        vocab_size=self.config.model.vocab_size,
+        workdir=self.workdir,
+        is_chief=True,
+      )
+    # Other hosts wait for the chief's file, then everyone loads the same one.
+    multihost_utils.sync_global_devices('tokenizer ready')
+    return tokenizer_lib.setup_tokenizer(
+      self.config.data,
+      vocab_size=self.config.model.vocab_size,
+      workdir=self.workdir,
+      is_chief=False,
+    )
+
+  def checkpoint_meta(self, state: TrainState) -> dict[str, Any]:
+    step = int(state.step)
+    return {
+      'step': step,
+      # One host batch per step: the data position is the step itself.
+      'batches_consumed': step,
+      'tokenizer': {
+        'vocab_size': self.tokenizer.vocab_size,
+        'special_ids': self.tokenizer.special_ids,
+      },
+      'model_family': self.config.model.family,
+      'objective': self.config.objective.name,
+    }
+
+  def initial_state(self) -> TrainState:
+    """Resume order: (1) the latest checkpoint in the workdir, (2) params
+    from `checkpoint.init_from`, (3) a fresh initialisation."""
+    with self.context():
+      rng = jax.random.key(self.config.train.seed)
+      abstract = jax.eval_shape(
+        functools.partial(
+          create_train_state,
+          model=self.model,
+          tx=self.tx,
+          shardings=self.shardings,
+        ),
+        rng,
+        self.batch_shapes,
+      )
+      abstract = jax.tree.map(
+        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+        abstract,
+        self.shardings,
+      )
+      latest = self.checkpointer.latest_step()
+      if latest is not None:  # (1)
+        state, meta = self.checkpointer.restore(latest, abstract)
+        _check_tokenizer_matches(meta, self.tokenizer, self.checkpointer)
+        return state
+      state = create_train_state(
+        rng,
+        self.batch_shapes,
+        model=self.model,
+        tx=self.tx,
+        shardings=self.shardings,
+      )
+      if self.config.checkpoint.init_from:  # (2)
+        source = checkpoint_lib.Checkpointer(
+          checkpoint_lib.checkpoint_dir(self.config.checkpoint.init_from),
+          keep=0,
+          read_only=True,
+        )
+        step = source.latest_step()
+        if step is None:
+          raise FileNotFoundError(
+            'checkpoint.init_from: no checkpoint in '
+            f'{self.config.checkpoint.init_from!r}.'
+          )
+        params = source.restore_params(step, abstract.params)
+        state = state.replace(params=params)
+      return state  # (3) when neither applied
+
+  def evaluate(self, params, eval_data) -> dict[str, float]:
+    """Metrics over the held-out batches, weighted by predictions per batch."""
+    totals, weight = {}, 0.0
+    with self.context():
+      for batch in eval_data:
+        m = jax.device_get(
+          self._p_eval_step(params, sharding.host_to_global(batch, self.mesh))
+        )
+        w = float(m.get('num_predictions', 1.0))
+        weight += w
+        for k, v in m.items():
+          totals[k] = totals.get(k, 0.0) + float(v) * w
+    out = {
+      f'eval_{k}': v / max(weight, 1.0)
+      for k, v in totals.items()
+      if k != 'num_predictions'
+    }
+    out['eval_perplexity'] = float(np.exp(min(out['eval_loss'], 50.0)))
+    return out
+
+  def run(self) -> TrainState:
+    """The training loop. Returns the final state."""
+    cfg = self.config
+    state = self.initial_state()
+    start = int(state.step)
+    num_steps = cfg.train.num_steps
+    train_iter = pipeline.train_iterator(
+      cfg,
+      self.tokenizer,
+      start_batch=start,
+      process_index=jax.process_index(),
+      process_count=jax.process_count(),
+    )
+    eval_data = pipeline.eval_batches(
+      cfg,
+      self.tokenizer,
+      process_index=jax.process_index(),
+      process_count=jax.process_count(),
+    )
+    writer = metrics_lib.MetricWriter(
+      self.workdir,
+      total_steps=num_steps,
+      initial_step=start,
+      enabled=self.is_chief,
+      progress_bar=cfg.train.progress_bar,
+    )
+    if start:
+      writer.print(
+        f'Resumed from {self.checkpointer.directory} at step {start}.'
+      )
+    perf = _Throughput(self, cfg)
+    stop = _StopSignal()
+
+    step, pending, window = start, None, []
+    while step < num_steps:
+      batch = sharding.host_to_global(next(train_iter), self.mesh)
+      with self.context():
+        state, step_metrics = self._p_train_step(state, batch)
+      step += 1
+      # Read step t-1's metrics only after step t is dispatched, so the host
+      # never leaves the device idle waiting for a transfer.
+      if pending is not None:
+        window.append(jax.device_get(pending))
+      pending = step_metrics
+      writer.advance()
+
+      last = step == num_steps
+      if step % cfg.train.log_every == 0 or last:
+        window.append(jax.device_get(pending))
+        pending = None
+        writer.write(step, perf.summarize(window, step))
+        window = []
+      if step % cfg.train.eval_every == 0 or last:
+        writer.write(step, self.evaluate(state.params, eval_data))
+      exiting = stop.requested() or (
+        cfg.train.exit_interval and step % cfg.train.exit_interval == 0
+      )
+      if step % cfg.checkpoint.every == 0 or last or exiting:
+        self.checkpointer.save(step, state, self.checkpoint_meta(state))
+      if exiting and not last:
+        writer.print(
+          f'Stopping at step {step} (checkpoint saved); run the '
+          'same command again to continue.'
+        )
+        break
+
+    self.checkpointer.wait()
+    self.checkpointer.close()
+    stop.restore()
+    writer.close()
+    if self.is_chief:
+      writer.print(f'Checkpoint: {self.checkpointer.directory}/{step}')
+    return state
+
+
+def _write_run_files(config: ml_collections.ConfigDict, workdir: str) -> None:
+  """Stores the resolved config and, per start, commit and versions."""
+  tf.io.gfile.makedirs(workdir)
+  checkpoint_lib.write_json(
+    os.path.join(workdir, 'config.json'), config.to_dict()
+  )
+  path = os.path.join(workdir, 'run_metadata.json')
+  starts = (
+    checkpoint_lib.read_json(path)['starts'] if tf.io.gfile.exists(path) else []
+  )
+  starts.append(checkpoint_lib.run_metadata())
+  checkpoint_lib.write_json(path, {'starts': starts})
+
+
+def _check_tokenizer_matches(meta, tokenizer, checkpointer) -> None:
+  """A checkpoint must be resumed with the tokenizer that produced it."""
+  saved = meta.get('tokenizer', {})
+  if saved and (
+    saved.get('special_ids') != tokenizer.special_ids
+    or saved.get('vocab_size') != tokenizer.vocab_size
+  ):
+    raise ValueError(
+      f'The checkpoint in {checkpointer.directory} was trained with a '
+      f'tokenizer of {saved.get("vocab_size")} pieces and special ids '
+      f'{saved.get("special_ids")}, but {tokenizer.path} has '
+      f'{tokenizer.vocab_size} and {tokenizer.special_ids}.'
+    )
+
+
+class _Contexts:
+  """Enters several context managers as one."""
+
+  def __init__(self, *managers):
+    self.managers = managers
+
+  def __enter__(self):
+    for m in self.managers:
+      m.__enter__()
+    return self
+
+  def __exit__(self, *exc):
+    for m in reversed(self.managers):
+      m.__exit__(*exc)
+    return False
+
+
+class _Throughput:
+  """Turns a window of per-step metrics into logged averages and speeds."""
+
+  def __init__(self, trainer: Trainer, cfg: ml_collections.ConfigDict):
+    shapes = trainer.batch_shapes
+    batch, seq_len = shapes['input_ids'].shape
+    predictions = (
+      shapes['masked_positions'].shape[1] if 'masked_positions' in shapes else 0
+    )
+    self.tokens_per_step = batch * seq_len
+    self.flops_per_token = trainer.model.train_flops_per_token(
+      trainer.model_config, seq_len, predictions
+    )
+    peak = metrics_lib.peak_flops_per_device(cfg.train.peak_flops_per_device)
+    self.peak_total = peak * jax.device_count() if peak else None
+    self.last_time, self.last_step = time.perf_counter(), None
+
+  def summarize(self, window: list[dict], step: int) -> dict[str, float]:
+    now = time.perf_counter()
+    out = {k: float(np.mean([m[k] for m in window])) for k in window[0]}
+    out['perplexity'] = float(np.exp(min(out['loss'], 50.0)))
+    # The first window includes compilation; speed is reported from the next.
+    if self.last_step is not None:
+      tokens_per_s = (
+        (step - self.last_step) * self.tokens_per_step / (now - self.last_time)
+      )
+      out['tokens_per_s'] = tokens_per_s
+      out['model_tflops_per_s'] = tokens_per_s * self.flops_per_token / 1e12
+      if self.peak_total:
+        out['mfu'] = tokens_per_s * self.flops_per_token / self.peak_total
+    self.last_time, self.last_step = now, step
+    return out
+
+
+class _StopSignal:
+  """Turns SIGTERM (preemption, `kill`) and Ctrl-C into a clean save + exit."""
+
+  def __init__(self):
+    self._requested = False
+    self._previous = {}
+    for sig in (signal.SIGTERM, signal.SIGINT):
+      try:
+        self._previous[sig] = signal.signal(sig, self._handle)
+      except ValueError:  # not the main thread (e.g. in a notebook worker)
+        pass
+
+  def restore(self) -> None:
+    for sig, handler in self._previous.items():
+      signal.signal(sig, handler)
+
+  def _handle(self, signum, frame):
+    del frame
+    if self._requested:  # a second Ctrl-C stops at once
+      raise KeyboardInterrupt
+    self._requested = True
+    print(
+      f'\nSignal {signum} received: saving a checkpoint at the end of '
+      'this step, then exiting.',
+      flush=True,
+    )
+
+  def requested(self) -> bool:
+    # All hosts must agree, or some would wait forever in the save.
+    if jax.process_count() == 1:
+      return self._requested
+    flags = multihost_utils.process_allgather(np.array(self._requested))
+    return bool(np.any(flags))
+
+
+def train_and_evaluate(
+  config: ml_collections.ConfigDict,
+  workdir: str,
+  mesh: jax.sharding.Mesh | None = None,
+) -> TrainState:
+  """Trains `config` in `workdir`, resuming from its latest checkpoint."""
+  return Trainer(config, workdir, mesh).run()
