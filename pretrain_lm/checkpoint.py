@@ -39,6 +39,11 @@ PACKAGES = (
 )
 
 
+def absolute(path: str) -> str:
+  """Makes a local path absolute (Orbax requires it); leaves gs:// alone."""
+  return path if '://' in path else os.path.abspath(path)
+
+
 def checkpoint_dir(path: str) -> str:
   """`path/checkpoints` when `path` is a workdir, else `path` itself."""
   sub = os.path.join(path, CHECKPOINT_DIR)
@@ -66,6 +71,7 @@ class Checkpointer:
       # An interrupted (killed) save leaves a tmp dir; never restore it.
       cleanup_tmp_directories=not read_only,
     )
+    directory = absolute(directory)
     self.directory = directory
     self.manager = ocp.CheckpointManager(
       directory, item_names=('state', 'meta'), options=options

@@ -164,7 +164,7 @@ class Trainer:
     mesh: jax.sharding.Mesh | None = None,
   ):
     self.config = config
-    self.workdir = workdir
+    self.workdir = workdir = checkpoint_lib.absolute(workdir)
     self.is_chief = jax.process_index() == 0
     self.mesh = mesh or sharding.make_mesh(config.mesh)
     if self.is_chief:

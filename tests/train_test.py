@@ -262,7 +262,7 @@ def test_resume_is_exact_across_processes(tmp_path, tokenizer_path):
       proc.send_signal(signal.SIGKILL)
       break
     time.sleep(0.02)
-  proc.wait()
+  assert proc.wait() == -signal.SIGKILL, 'the run ended before the kill'
   run_main(killed, {**base, 'checkpoint.every': 2})
 
   want = final_params(straight)
