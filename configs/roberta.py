@@ -47,15 +47,6 @@ def get_config(arg=None):
   c.train.num_steps = 500_000
 
   if arg.size == 'tiny':
-    # A minute on a CPU with the bundled corpus (see configs/bert.py).
-    c.model.vocab_size = 8192
-    c.data.seq_len = 128
-    c.data.batch_size = 64
-    c.optimizer.learning_rate = 1e-3
-    c.optimizer.warmup_steps = 50
-    c.train.num_steps = 300
-    c.train.log_every = 25
-    c.train.eval_every = 150
-    c.checkpoint.every = 100
-    c.data.shuffle_buffer = 1000
+    configlib.laptop_schedule(c)
+    c.data.batch_size = 64  # RoBERTa's larger batch, scaled down
   return configlib.lock(c)

@@ -137,6 +137,24 @@ def base_config() -> ml_collections.ConfigDict:
   return c
 
 
+def laptop_schedule(c: ml_collections.ConfigDict) -> None:
+  """The `tiny` presets' settings: minutes on a laptop CPU, bundled corpus.
+
+  A vocabulary the 1 MB bundled corpus can fill, a short schedule with the
+  larger learning rate small models take, and frequent logs and saves.
+  """
+  c.model.vocab_size = 8192
+  c.data.seq_len = 128
+  c.data.batch_size = 32
+  c.data.shuffle_buffer = 1000
+  c.optimizer.learning_rate = 1e-3
+  c.optimizer.warmup_steps = 50
+  c.train.num_steps = 300
+  c.train.log_every = 25
+  c.train.eval_every = 150
+  c.checkpoint.every = 100
+
+
 def lock(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   """Locks the config so that an unknown field is an error, not a new field."""
   config.lock()

@@ -390,9 +390,8 @@ class Trainer:
     self.checkpointer.wait()
     self.checkpointer.close()
     stop.restore()
+    writer.print(f'Checkpoint: {self.checkpointer.directory}/{step}')
     writer.close()
-    if self.is_chief:
-      writer.print(f'Checkpoint: {self.checkpointer.directory}/{step}')
     return state
 
 

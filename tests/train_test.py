@@ -244,7 +244,10 @@ def test_resume_is_exact_across_processes(tmp_path, tokenizer_path):
     'train.progress_bar': False,
   }
   straight = str(tmp_path / 'straight')
-  run_main(straight, base)
+  done = run_main(straight, base).stdout
+  # The run ends by saying where the checkpoint is and how to load it.
+  assert f'Checkpoint: {straight}/checkpoints/16' in done, done
+  assert f'pretrain_lm.load({straight!r})' in done, done
 
   # Stop cleanly after n steps (as a job with a time slot would), rerun.
   resumed = str(tmp_path / 'resumed')

@@ -3,7 +3,7 @@
 from pretrain_lm.models.config import SIZES, ModelConfig
 from pretrain_lm.models.encoder import EncoderModel
 
-# Decoder and encoder-decoder families join this dict (see issue 3).
+# The decoder and encoder-decoder families join this dict.
 MODELS = {
   'encoder': EncoderModel,
 }

@@ -1,0 +1,144 @@
+"""The encoder and its MLM head against reference counts and definitions."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import linen as nn
+
+from pretrain_lm.models import MODELS, ModelConfig
+from pretrain_lm.models.config import size_preset
+
+
+def bert(size: str, **kw) -> ModelConfig:
+  return ModelConfig(**{'vocab_size': 30522, **size_preset(size), **kw})
+
+
+def abstract_params(cfg: ModelConfig, seq_len: int = 128, preds: int = 20):
+  batch = {
+    'input_ids': jnp.zeros((2, seq_len), jnp.int32),
+    'masked_positions': jnp.zeros((2, preds), jnp.int32),
+  }
+  model = MODELS['encoder'](cfg)
+  variables = jax.eval_shape(
+    lambda: model.init(jax.random.key(0), batch, deterministic=True)
+  )
+  return nn.meta.unbox(variables)['params']
+
+
+def count(tree) -> int:
+  return sum(x.size for x in jax.tree.leaves(tree))
+
+
+@pytest.mark.parametrize(
+  'size, reference',
+  [
+    # Hugging Face BertForMaskedLM (bert-base/large-uncased): body without
+    # pooler + MLM head (transform, LayerNorm, output bias; tied decoder).
+    ('base', 109_514_298),
+    ('large', 335_174_458),
+  ],
+)
+def test_parameter_count_matches_bert(size, reference):
+  assert count(abstract_params(bert(size))) == reference
+
+
+def test_flops_formula_counts_every_matmul_weight():
+  cfg = bert('base')
+  params = abstract_params(cfg)
+  layer_weights = sum(
+    x.size
+    for path, x in jax.tree_util.tree_leaves_with_path(params['encoder'])
+    if 'kernel' in jax.tree_util.keystr(path)
+  )
+  head_weights = (
+    params['mlm_head']['transform_kernel'].size
+    + params['token_embed']['embedding'].size
+  )
+  seq_len, preds = 128, 20
+  attention = 12 * cfg.num_layers * seq_len * cfg.num_heads * cfg.head_dim
+  expected = 6 * layer_weights + attention + 6 * head_weights * preds / seq_len
+  got = MODELS['encoder'].train_flops_per_token(cfg, seq_len, preds)
+  assert got == pytest.approx(expected, rel=1e-6)
+  # The familiar rule of thumb: ~6 FLOPs per non-embedding weight per token.
+  assert got == pytest.approx(6 * 85e6, rel=0.1)
+
+
+def test_pre_ln_normalises_at_the_end_not_the_embeddings():
+  post = abstract_params(bert('tiny'))['encoder']
+  pre = abstract_params(bert('tiny', norm_position='pre'))['encoder']
+  assert 'embed_norm' in post and 'final_norm' not in post
+  assert 'final_norm' in pre and 'embed_norm' not in pre
+
+
+def small_model_and_batch(seed=0, **kw):
+  cfg = dataclasses.replace(
+    bert('tiny', vocab_size=97, max_len=32, **kw),
+    dropout_rate=0.0,
+    attention_dropout_rate=0.0,
+  )
+  rng = np.random.default_rng(seed)
+  ids = rng.integers(5, 97, (3, 16)).astype(np.int32)
+  mask = np.ones_like(ids)
+  mask[1, 10:] = 0
+  ids[1, 10:] = 0
+  batch = {
+    'input_ids': ids,
+    'segment_ids': np.zeros_like(ids),
+    'input_mask': mask,
+    'masked_positions': np.array([[1, 4, 0], [2, 9, 0], [0, 5, 15]], np.int32),
+  }
+  model = MODELS['encoder'](cfg)
+  params = model.init(jax.random.key(seed), batch, deterministic=True)
+  return model, nn.meta.unbox(params), batch
+
+
+def test_mlm_logits_are_the_full_logits_at_the_masked_positions():
+  model, params, batch = small_model_and_batch()
+  out = model.apply(params, batch, deterministic=True)
+  assert out['mlm_logits'].shape == (3, 3, 97)
+  every = dict(batch, masked_positions=np.tile(np.arange(16), (3, 1)))
+  full = model.apply(params, every, deterministic=True)['mlm_logits']
+  want = np.take_along_axis(
+    np.asarray(full), batch['masked_positions'][..., None], axis=1
+  )
+  np.testing.assert_allclose(out['mlm_logits'], want, rtol=1e-5, atol=1e-5)
+
+
+def test_padding_does_not_leak_into_real_tokens():
+  model, params, batch = small_model_and_batch()
+  other = {k: v.copy() for k, v in batch.items()}
+  other['input_ids'][1, 10:] = 42  # change only padded positions
+  h1 = model.apply(params, batch, deterministic=True)['hidden']
+  h2 = model.apply(params, other, deterministic=True)['hidden']
+  np.testing.assert_allclose(h1[1, :10], h2[1, :10], rtol=1e-5, atol=1e-6)
+  assert not np.allclose(h1[1, 10:], h2[1, 10:])
+
+
+def test_attention_matches_a_numpy_reference():
+  model, params, batch = small_model_and_batch()
+  p = params['params']['encoder']['layer_0']['attention']
+  x = np.random.default_rng(1).normal(size=(3, 16, 128)).astype(np.float32)
+  mask = batch['input_mask'][:, None, None, :].astype(bool)
+  from pretrain_lm.models import layers
+
+  cfg = model.cfg
+  got = layers.MultiHeadAttention(cfg).apply(
+    {'params': p}, x, x, mask, deterministic=True
+  )
+
+  def proj(name):
+    return (
+      np.einsum('bld,dhk->blhk', x, p[f'{name}_kernel']) + p[f'{name}_bias']
+    )
+
+  q, k, v = proj('query'), proj('key'), proj('value')
+  s = np.einsum('blhk,bshk->bhls', q, k) / np.sqrt(cfg.head_dim)
+  s = np.where(mask, s, -1e30)
+  a = np.exp(s - s.max(-1, keepdims=True))
+  a /= a.sum(-1, keepdims=True)
+  o = np.einsum('bhls,bshk->blhk', a, v)
+  want = np.einsum('blhk,hkd->bld', o, p['out_kernel']) + p['out_bias']
+  np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
