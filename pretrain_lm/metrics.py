@@ -81,9 +81,10 @@ class MetricWriter:
     self._tb.flush()
     self._jsonl.write(json.dumps({'step': step, **clean}) + '\n')
     self._jsonl.flush()
+    # The console shows a NaN or inf loss as it is; only JSON needs null.
     line = ' '.join(
-      f'{k}={_fmt(v)}'
-      for k, v in clean.items()
+      f'{k}={_fmt(float(v))}'
+      for k, v in scalars.items()
       if k in _CONSOLE and v is not None
     )
     self.print(f'step {step}: {line}')
@@ -131,4 +132,4 @@ def _to_float(v: Any) -> float | None:
 
 
 def _fmt(v: float) -> str:
-  return f'{v:.4g}' if abs(v) < 1e5 else f'{v:.3e}'
+  return f'{v:.4g}' if not math.isfinite(v) or abs(v) < 1e5 else f'{v:.3e}'

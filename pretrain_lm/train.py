@@ -1,5 +1,6 @@
 """Training: state initialised into its shardings, pure steps, the loop."""
 
+import contextlib
 import functools
 import os
 import signal
@@ -214,13 +215,14 @@ class Trainer:
       out_shardings=sharding.replicated(self.mesh),
     )
 
+  @contextlib.contextmanager
   def context(self):
     """Mesh + logical rules, needed while tracing the model's constraints."""
-    stack = _Contexts(
+    with (
       jax.set_mesh(self.mesh),
       nn.logical_axis_rules(sharding.LOGICAL_AXIS_RULES),
-    )
-    return stack
+    ):
+      yield
 
   def _setup_tokenizer(self) -> tokenizer_lib.Tokenizer:
     if self.is_chief:
@@ -422,23 +424,6 @@ def _check_tokenizer_matches(meta, tokenizer, checkpointer) -> None:
       f'{saved.get("special_ids")}, but {tokenizer.path} has '
       f'{tokenizer.vocab_size} and {tokenizer.special_ids}.'
     )
-
-
-class _Contexts:
-  """Enters several context managers as one."""
-
-  def __init__(self, *managers):
-    self.managers = managers
-
-  def __enter__(self):
-    for m in self.managers:
-      m.__enter__()
-    return self
-
-  def __exit__(self, *exc):
-    for m in reversed(self.managers):
-      m.__exit__(*exc)
-    return False
 
 
 class _Throughput:
