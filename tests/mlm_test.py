@@ -46,12 +46,32 @@ def _rows(num_rows, seed=0):
   return rows
 
 
+def _segments(rows):
+  """Packing-style segment ids and positions: a segment ends at a [SEP]."""
+  segment_ids = np.zeros_like(rows)
+  positions = np.zeros_like(rows)
+  for r, row in enumerate(rows):
+    seg, pos = 1, 0
+    for i, token in enumerate(row):
+      if token == PAD:
+        break
+      segment_ids[r, i], positions[r, i] = seg, pos
+      seg, pos = (seg + 1, 0) if token == SEP else (seg, pos + 1)
+  return segment_ids, positions
+
+
 def _mask(rows, seeds, **overrides):
   """Runs the transform over rows inside tf.data, as the pipeline does."""
   config = _objective_config(**overrides)
-  ds = tf.data.Dataset.from_tensor_slices((rows, seeds)).map(
-    lambda ids, seed: mlm.transform(
-      {'input_ids': ids}, seed, config=config, tokenizer=TOKENIZER
+  segment_ids, positions = _segments(rows)
+  ds = tf.data.Dataset.from_tensor_slices(
+    (
+      {'input_ids': rows, 'segment_ids': segment_ids, 'positions': positions},
+      seeds,
+    )
+  ).map(
+    lambda row, seed: mlm.transform(
+      row, seed, config=config, tokenizer=TOKENIZER
     )
   )
   return next(ds.batch(len(rows)).as_numpy_iterator())
@@ -83,14 +103,24 @@ def test_shapes_and_dtypes(masked, rows):
   want = {
     'input_ids': ((n, L), np.int32),
     'segment_ids': ((n, L), np.int32),
+    'positions': ((n, L), np.int32),
+    'token_type_ids': ((n, L), np.int32),
     'input_mask': ((n, L), np.int32),
     'masked_positions': ((n, P), np.int32),
     'masked_ids': ((n, P), np.int32),
     'masked_weights': ((n, P), np.float32),
   }
   assert {k: (v.shape, v.dtype) for k, v in masked.items()} == want
-  np.testing.assert_array_equal(masked['segment_ids'], 0)
+  np.testing.assert_array_equal(masked['token_type_ids'], 0)
   np.testing.assert_array_equal(masked['input_mask'], rows != PAD)
+
+
+def test_packed_segments_pass_through(masked, rows):
+  segment_ids, positions = _segments(rows)
+  # The rows hold two or three documents each, so this is no all-ones mask.
+  assert segment_ids.max() >= 2
+  np.testing.assert_array_equal(masked['segment_ids'], segment_ids)
+  np.testing.assert_array_equal(masked['positions'], positions)
 
 
 def test_chosen_count_and_positions(masked, rows):

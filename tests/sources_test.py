@@ -206,3 +206,105 @@ def test_tfds_documents(monkeypatch):
   config.tfds_text_key = 'content'
   with pytest.raises(KeyError, match='data.tfds_text_key'):
     _docs(config, 'train', 1, 2)
+
+
+# Multi-byte characters, so slicing by characters differs from bytes.
+BOOK = 'First Citizen:\n  Before we proceed — any further, hear me.\n\n' * 9
+BOOK += 'Café crème ü ß 漢字\nLast line, no newline'
+
+
+@pytest.fixture
+def book(tmp_path):
+  path = tmp_path / 'book.txt'
+  path.write_bytes(BOOK.encode('utf-8'))
+  return path
+
+
+@pytest.mark.parametrize('cut', [BOOK, BOOK[:7], BOOK[:1000], BOOK[:517]])
+def test_slices_partition_the_file_like_python(tmp_path, cut):
+  path = tmp_path / 'book.txt'
+  path.write_bytes(cut.encode('utf-8'))
+  n = len(cut)
+  # nanoGPT's split: data[:int(n * 0.9)] and data[int(n * 0.9):].
+  want = {
+    '[:90%]': cut[: int(n * 0.9)],
+    '[90%:]': cut[int(n * 0.9) :],
+    '[10%:20%]': cut[int(n * 0.1) : int(n * 0.2)],
+    '[:100%]': cut,
+  }
+  for suffix, text in want.items():
+    source = f'{path}{suffix}'
+    sources.check_source(source, 'data.source')
+    config = _data_config(source, eval_source='x', doc_format='file')
+    assert _docs(config) == ([text] if text.strip() else []), suffix
+  halves = [
+    _docs(_data_config(f'{path}{s}', eval_source='x', doc_format='file'))
+    for s in ('[:90%]', '[90%:]')
+  ]
+  assert ''.join(sum(halves, [])) == cut
+
+
+def test_file_format_keeps_the_text_verbatim(book, tmp_path):
+  blank = tmp_path / 'blank.txt'
+  blank.write_text(' \n\n')
+  other = tmp_path / 'other.txt'
+  other.write_text('\n  indented\r\nend\n')
+  config = _data_config(
+    f'{book},{blank},{other}', eval_source='x', doc_format='file'
+  )
+  # A blank file is no document.
+  assert _docs(config) == [BOOK, '\n  indented\r\nend\n']
+  assert 'file' in sources.DOC_FORMATS
+
+
+def test_line_formats_apply_after_the_slice(book):
+  n = len(BOOK)
+  head = BOOK[: int(n * 0.5)]
+  config = _data_config(f'{book}[:50%]', eval_source='x')
+  want = [line.strip() for line in head.split('\n') if line.strip()]
+  assert _docs(config) == want
+  # A cut inside a line splits it: its start is the head's last document,
+  # its end the tail's first.
+  tail = BOOK[int(n * 0.5) :]
+  config.source = f'{book}[50%:]'
+  assert _docs(config) == [
+    line.strip() for line in tail.split('\n') if line.strip()
+  ]
+  config.doc_format = 'blank_line'
+  assert _docs(config) == [
+    block.strip() for block in tail.split('\n\n') if block.strip()
+  ]
+
+
+def test_slice_applies_to_each_matched_file(tmp_path):
+  texts = {'a.txt': 'aaaa\nAAAA\n', 'b.txt': 'bb\nBB\nbb\nBB\n'}
+  for name, text in texts.items():
+    (tmp_path / name).write_text(text)
+  (tmp_path / 'c.txt').write_text('c1\nc2\n')
+  source = f'{tmp_path / "*.txt"}[:50%],{tmp_path / "c.txt"}[50%:]'
+  config = _data_config(source, eval_source='x', doc_format='file')
+  sources.check_source(source, 'data.source')
+  # c.txt is matched twice: its first half by the glob, then its second.
+  assert _docs(config) == ['aaaa\n', 'bb\nBB\n', 'c1\n', 'c2\n']
+  # A glob's character class is no slice.
+  config.source = str(tmp_path / '[ab].txt')
+  assert _docs(config) == list(texts.values())
+  config.source = str(tmp_path / '[ab].txt') + '[50%:]'
+  assert _docs(config) == ['AAAA\n', 'bb\nBB\n']
+
+
+@pytest.mark.parametrize(
+  'suffix', ['[:190%]', '[a:b]', '[50%:10%]', '[:90]', '[10%]', '[5%:5%]']
+)
+def test_malformed_slice(book, suffix):
+  source = f'{book}{suffix}'
+  with pytest.raises(ValueError) as e:
+    sources.check_source(source, 'data.eval_source')
+  assert 'data.eval_source' in str(e.value)
+  assert source in str(e.value)
+
+
+def test_missing_file_with_slice(tmp_path):
+  missing = str(tmp_path / 'missing.txt')
+  with pytest.raises(FileNotFoundError, match=f"'{missing}'"):
+    sources.check_source(f'{missing}[:90%]', 'data.source')

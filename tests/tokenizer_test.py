@@ -247,3 +247,137 @@ def test_setup_tokenizer_larger_than_model(small_source, bpe, tmp_path):
     tokenizer_lib.setup_tokenizer(config, vocab_size=100, workdir=str(tmp_path))
   # Nothing was copied into the workdir, so a fixed rerun is not stuck.
   assert not os.path.exists(tmp_path / 'tokenizer.model')
+
+
+CHAR_TEXTS = [
+  'To be, or not to be:\nthat is the question.',
+  'Ünïcödé — 漢字\n\n',
+]
+
+
+@pytest.fixture(scope='module')
+def char(model_dir):
+  return tokenizer_lib.train_tokenizer(
+    CHAR_TEXTS,
+    str(model_dir / 'char.model'),
+    vocab_size=VOCAB,
+    model_type='char',
+  )
+
+
+def test_char_vocab_is_specials_then_sorted_characters(char):
+  chars = sorted(set(''.join(CHAR_TEXTS)))
+  assert '\n' in chars and ' ' in chars
+  assert char.chars == tuple(chars)
+  assert char.vocab_size == 5 + len(chars)
+  assert (char.pad_id, char.unk_id, char.cls_id, char.sep_id, char.mask_id) == (
+    0,
+    1,
+    2,
+    3,
+    4,
+  )
+  assert char.first_normal_id == 5
+  # Id i + 5 is the i-th character by code point.
+  assert char.encode(''.join(chars)) == list(range(5, 5 + len(chars)))
+  assert char.encode('be\n') == [5 + chars.index(c) for c in 'be\n']
+  # A small JSON file, told apart from a SentencePiece proto by its content.
+  with open(char.path, encoding='utf-8') as f:
+    assert json.load(f) == {'type': 'char', 'chars': chars}
+  for loaded in (
+    tokenizer_lib.load_tokenizer(char.path),
+    tokenizer_lib.Tokenizer(char.path),
+  ):
+    assert isinstance(loaded, tokenizer_lib.CharTokenizer)
+    assert loaded.chars == char.chars
+    assert loaded.model_bytes() == char.model_bytes()
+  assert 'vocab_size=' in repr(char)
+
+
+def test_char_roundtrip_tf_and_unknown(char):
+  for text in CHAR_TEXTS:
+    ids = char.encode(text)
+    assert len(ids) == len(text)
+    assert char.decode(ids) == text
+    assert char.decode([0, *ids, 0]) == text
+  texts = [*CHAR_TEXTS, 'toxic? #', '', 'ç\U0001f600']
+  got = char.tf_tokenizer().tokenize(tf.constant(texts))
+  assert got.dtype == tf.int32
+  assert got.to_list() == [char.encode(t) for t in texts]
+  # 'x', '?', '#', 'ç' and the emoji were not in the text.
+  known = char.chars
+  assert char.encode('toxic? #ç\U0001f600') == [
+    5 + known.index(c) if c in known else char.unk_id
+    for c in 'toxic? #ç\U0001f600'
+  ]
+  assert char.encode('x?#ç\U0001f600') == [char.unk_id] * 5
+  assert char.decode([char.cls_id, *char.encode('to'), char.sep_id]) == (
+    '[CLS]to[SEP]'
+  )
+  with pytest.raises(ValueError, match='outside'):
+    char.decode([char.vocab_size])
+
+
+def test_not_a_char_tokenizer(tmp_path):
+  for content in ('{"type": "char", "chars": ["a", "a"]}', '{"chars": []}'):
+    path = tmp_path / 'bad.model'
+    path.write_text(content)
+    with pytest.raises(ValueError, match='bad.model'):
+      tokenizer_lib.load_tokenizer(str(path))
+
+
+def test_unknown_type_lists_char(texts, tmp_path):
+  with pytest.raises(ValueError, match="'char'"):
+    tokenizer_lib.train_tokenizer(
+      texts, str(tmp_path / 'x.model'), vocab_size=VOCAB, model_type='chars'
+    )
+
+
+def test_setup_char_tokenizer(tmp_path):
+  source = tmp_path / 'source.txt'
+  source.write_text(''.join(CHAR_TEXTS) + '\nzebra\n', encoding='utf-8')
+  config = _data_config(f'{source}[:90%]')
+  config.doc_format = 'file'
+  config.tokenizer_type = 'char'
+  workdir = str(tmp_path / 'run')
+  tok = tokenizer_lib.setup_tokenizer(config, vocab_size=VOCAB, workdir=workdir)
+  assert isinstance(tok, tokenizer_lib.CharTokenizer)
+  assert tok.path == os.path.join(workdir, tokenizer_lib.WORKDIR_FILENAME)
+  # Trained on the training documents only: the slice's characters.
+  text = source.read_text(encoding='utf-8')
+  assert tok.chars == tuple(sorted(set(text[: int(len(text) * 0.9)])))
+  # Resumes from the workdir's file, even when the text has changed.
+  source.write_text('other text\n')
+  again = tokenizer_lib.setup_tokenizer(
+    config, vocab_size=VOCAB, workdir=workdir, is_chief=False
+  )
+  assert again.model_bytes() == tok.model_bytes()
+  # An explicit data.tokenizer is copied in.
+  config.tokenizer = tok.path
+  copied = tokenizer_lib.setup_tokenizer(
+    config, vocab_size=VOCAB, workdir=str(tmp_path / 'run2')
+  )
+  assert copied.model_bytes() == tok.model_bytes()
+  # The model's embedding table may be larger, not smaller.
+  with pytest.raises(
+    ValueError, match=f'model.vocab_size={tok.vocab_size - 1}'
+  ):
+    tokenizer_lib.setup_tokenizer(
+      config, vocab_size=tok.vocab_size - 1, workdir=workdir
+    )
+
+
+def test_char_vocab_larger_than_model(tmp_path):
+  source = tmp_path / 'source.txt'
+  source.write_text('abcdefghij\n')
+  config = _data_config(source)
+  config.eval_holdout_every = 2
+  config.tokenizer_type = 'char'
+  with pytest.raises(ValueError, match=r'model\.vocab_size=12.*15'):
+    tokenizer_lib.setup_tokenizer(config, vocab_size=12, workdir=str(tmp_path))
+  # Nothing was written, so a rerun with a larger table trains afresh.
+  assert not os.path.exists(tmp_path / 'tokenizer.model')
+  tok = tokenizer_lib.setup_tokenizer(
+    config, vocab_size=15, workdir=str(tmp_path)
+  )
+  assert tok.vocab_size == 15

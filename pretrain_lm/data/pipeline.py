@@ -24,11 +24,28 @@ from pretrain_lm.data import tokenizer as tokenizer_lib
 with contextlib.suppress(RuntimeError):  # raised if TF already started
   tf.config.set_visible_devices([], 'GPU')
 
-PACKINGS = ('full_sentences', 'doc_sentences')
+PACKINGS = ('full_sentences', 'doc_sentences', 'concat')
 # Salts that keep the shuffle seeds and the per-row seeds independent.
 _SHUFFLE_SALT = 0x5EED
 _ROW_SALT = 0xA5C
 _AUTOTUNE = tf.data.AUTOTUNE
+# The shortest row each packing can put a token in: [CLS] token [SEP], or
+# token [SEP] for 'concat'.
+_MIN_ROW_LEN = {'full_sentences': 3, 'doc_sentences': 3, 'concat': 2}
+# Documents that 'concat' joins before each scan step.
+_CONCAT_DOCS_PER_RUN = 256
+
+
+def row_length(config: ml_collections.ConfigDict) -> int:
+  """The length of packed rows: data.seq_len unless the objective says.
+
+  An objective module may define `row_length(config) -> int`, e.g. a causal
+  LM packs data.seq_len + 1 tokens and shifts them into inputs and targets.
+  """
+  objective = objectives.OBJECTIVES[config.objective.name]
+  if hasattr(objective, 'row_length'):
+    return objective.row_length(config)
+  return config.data.seq_len
 
 
 def tokenize(
@@ -43,9 +60,9 @@ def tokenize(
   return tokens.unbatch()
 
 
-def _doc_sentences_rows(tokens, seq_len, cls_id, sep_id, pad_id):
-  """One document -> rows [CLS] piece [SEP] [PAD]*, pieces <= seq_len - 2."""
-  room = seq_len - 2
+def _doc_sentences_rows(tokens, row_len, cls_id, sep_id, pad_id):
+  """One document -> rows [CLS] piece [SEP] [PAD]*, pieces <= row_len - 2."""
+  room = row_len - 2
   n = tf.size(tokens)
   num_rows = (n + room - 1) // room
   lengths = tf.minimum(room, n - tf.range(num_rows) * room)
@@ -53,27 +70,27 @@ def _doc_sentences_rows(tokens, seq_len, cls_id, sep_id, pad_id):
   cls = tf.fill([num_rows, 1], tf.constant(cls_id, tf.int32))
   sep = tf.fill([num_rows, 1], tf.constant(sep_id, tf.int32))
   rows = tf.concat([cls, pieces, sep], axis=1)
-  return rows.to_tensor(default_value=pad_id, shape=[None, seq_len])
+  return rows.to_tensor(default_value=pad_id, shape=[None, row_len])
 
 
-def _full_sentences_step(seq_len, cls_id, sep_id, pad_id):
+def _full_sentences_step(row_len, cls_id, sep_id, pad_id):
   """The scan step that appends one document to the row being filled."""
-  room = seq_len - 2  # a row's tokens between [CLS] and its final [SEP]
-  pads = tf.fill([seq_len], tf.constant(pad_id, tf.int32))
+  room = row_len - 2  # a row's tokens between [CLS] and its final [SEP]
+  pads = tf.fill([row_len], tf.constant(pad_id, tf.int32))
 
   def step(buf, doc):
     tokens, is_end = doc
     # `buf` is the unfinished row without [CLS]: whole documents, each
-    # followed by [SEP], fewer than seq_len - 2 tokens. The end-of-epoch
+    # followed by [SEP], fewer than row_len - 2 tokens. The end-of-epoch
     # sentinel flushes it.
     stream = tf.cond(
       is_end, lambda: buf, lambda: tf.concat([buf, tokens, [sep_id]], 0)
     )
     m = tf.size(stream)
-    # While more than seq_len - 1 stream tokens remain, a row takes
-    # seq_len - 2 of them and ends with an added [SEP] (the document goes on
+    # While more than row_len - 1 stream tokens remain, a row takes
+    # row_len - 2 of them and ends with an added [SEP] (the document goes on
     # in the next row). Closed form of that loop:
-    num_split = tf.maximum(0, (m - (seq_len - 1) + room - 1) // room)
+    num_split = tf.maximum(0, (m - (row_len - 1) + room - 1) // room)
     num_split = tf.where(is_end, 0, num_split)
     split = tf.reshape(stream[: num_split * room], [num_split, room])
     split_rows = tf.concat(
@@ -93,7 +110,7 @@ def _full_sentences_step(seq_len, cls_id, sep_id, pad_id):
       tf.size(rest) >= room, tf.logical_and(is_end, tf.size(rest) > 0)
     )
     last_row = tf.reshape(
-      tf.concat([[cls_id], rest, pads], 0)[:seq_len], [seq_len]
+      tf.concat([[cls_id], rest, pads], 0)[:row_len], [row_len]
     )
     num_last = tf.cast(done, tf.int32)
     rows = tf.concat([split_rows, last_row[None][:num_last]], axis=0)
@@ -103,58 +120,151 @@ def _full_sentences_step(seq_len, cls_id, sep_id, pad_id):
   return step
 
 
+def _concat_step(row_len, pad_id):
+  """The scan step that appends a run of tokens and cuts off full rows."""
+
+  def step(buf, chunk):
+    tokens, is_end = chunk
+    # `buf` holds fewer than row_len tokens not yet in a row. The
+    # end-of-epoch sentinel pads it to a last row (none if it is empty).
+    stream = tf.cond(
+      is_end,
+      lambda: tf.pad(
+        buf, [[0, (-tf.size(buf)) % row_len]], constant_values=pad_id
+      ),
+      lambda: tf.concat([buf, tokens], 0),
+    )
+    num_rows = tf.size(stream) // row_len
+    rows = tf.reshape(stream[: num_rows * row_len], [num_rows, row_len])
+    return stream[num_rows * row_len :], rows
+
+  return step
+
+
+def _concat_chunks(docs: tf.data.Dataset, sep_id: int) -> tf.data.Dataset:
+  """Documents -> runs of doc [SEP] doc [SEP] ..., many documents per run.
+
+  One scan step per run rather than per document: a step costs far more
+  than its tokens do when documents are short lines.
+  """
+
+  def join(batch):
+    if isinstance(batch, tf.Tensor):  # all documents had one static length
+      batch = tf.RaggedTensor.from_tensor(batch)
+    seps = tf.fill([batch.nrows(), 1], tf.constant(sep_id, tf.int32))
+    return tf.concat([batch, seps], axis=1).flat_values
+
+  return docs.ragged_batch(_CONCAT_DOCS_PER_RUN).map(join)
+
+
+def _features(
+  rows: tf.Tensor, sep_id: int, pad_id: int
+) -> dict[str, tf.Tensor]:
+  """Packed rows [N, L] -> input_ids, segment_ids and positions [N, L].
+
+  In every packing a [SEP] ends each document (or piece) that another
+  follows in the row, and [PAD] comes only at a row's end; no tokenizer here
+  emits [SEP] or [PAD] for text. So the segments follow from the ids: a row
+  starts segment 1, and a new one starts after each [SEP].
+  """
+  num_rows, row_len = tf.shape(rows)[0], rows.shape[1]
+  is_pad = rows == pad_id
+  is_sep = tf.cast(rows == sep_id, tf.int32)
+  segment_ids = 1 + tf.cumsum(is_sep, axis=1, exclusive=True)
+  segment_ids = tf.where(is_pad, 0, segment_ids)
+  # A token's position is its index minus its segment's first index, found
+  # with one segment-min over (row, segment) pairs.
+  index = tf.broadcast_to(tf.range(row_len), tf.shape(rows))
+  pair = segment_ids + (row_len + 1) * tf.range(num_rows)[:, None]
+  starts = tf.math.unsorted_segment_min(
+    tf.reshape(index, [-1]),
+    tf.reshape(pair, [-1]),
+    num_segments=num_rows * (row_len + 1),
+  )
+  positions = tf.where(is_pad, 0, index - tf.gather(starts, pair))
+  return {
+    'input_ids': rows,
+    'segment_ids': segment_ids,
+    'positions': positions,
+  }
+
+
 def pack(
   docs: tf.data.Dataset,
   *,
-  seq_len: int,
+  row_len: int,
   packing: str,
   cls_id: int,
   sep_id: int,
   pad_id: int,
 ) -> tf.data.Dataset:
-  """Packs token-id vectors into rows {'input_ids': int32[seq_len]}.
+  """Packs token-id vectors into rows of `row_len` tokens.
 
   Args:
     docs: int32 token-id vectors, one per document, without specials; empty
       ones are dropped.
-    seq_len: the row length.
+    row_len: the row length (see `row_length`).
     packing: 'full_sentences' (RoBERTa): rows of documents back to back,
       [CLS] doc1 [SEP] doc2 [SEP] ..., a document that does not fit split at
       the row end with a [SEP]; rows are full but for the epoch's last (and
       one [PAD] where a single slot is left after a [SEP]).
       'doc_sentences' (BERT-style): a row never crosses a document boundary;
-      each document is cut into pieces of <= seq_len - 2 tokens, each row
+      each document is cut into pieces of <= row_len - 2 tokens, each row
       [CLS] piece [SEP] [PAD]*.
+      'concat' (GPT): doc1 [SEP] doc2 [SEP] ... with [SEP] as end-of-text
+      and no [CLS], cut into consecutive rows of row_len tokens; documents
+      run on across rows, and only the epoch's last row is padded.
     cls_id: id of [CLS].
     sep_id: id of [SEP].
     pad_id: id of [PAD].
 
   Returns:
-    A dataset of rows, in document order.
+    A dataset of rows in document order, each a dict of int32[row_len]:
+    input_ids; segment_ids, 1, 2, 3, ... for the documents (pieces) in the
+    row, in order, and 0 on [PAD]; positions, each token's index within
+    its segment, 0 on [PAD]. A row's [CLS] belongs to its first segment, a
+    [SEP] to the document it ends, and a document continued from the row
+    before starts a new segment. In 'doc_sentences' a row is one segment.
   """
-  if seq_len < 3:
-    raise ValueError(f'data.seq_len={seq_len} leaves no room for tokens.')
+  if packing not in PACKINGS:
+    raise ValueError(f'data.packing={packing!r} is not one of {PACKINGS}.')
+  if row_len < _MIN_ROW_LEN[packing]:
+    raise ValueError(
+      f'Rows of {row_len} tokens (from data.seq_len) leave no room for '
+      f'tokens with data.packing={packing!r}; raise data.seq_len.'
+    )
   docs = docs.map(lambda ids: tf.cast(ids, tf.int32))
   # An empty document would give an empty piece: [SEP] alone.
   docs = docs.filter(lambda ids: tf.size(ids) > 0)
   if packing == 'doc_sentences':
+    # One map per document makes its rows and their features: per-element
+    # overhead dominates for short documents.
     rows = docs.map(
-      lambda ids: _doc_sentences_rows(ids, seq_len, cls_id, sep_id, pad_id),
+      lambda ids: _features(
+        _doc_sentences_rows(ids, row_len, cls_id, sep_id, pad_id),
+        sep_id,
+        pad_id,
+      ),
       num_parallel_calls=_AUTOTUNE,
       deterministic=True,
     )
-  elif packing == 'full_sentences':
-    # An empty document flagged as the end flushes the unfinished row.
-    flagged = docs.map(lambda ids: (ids, False)).concatenate(
-      tf.data.Dataset.from_tensors((tf.zeros([0], tf.int32), True))
-    )
-    step = _full_sentences_step(seq_len, cls_id, sep_id, pad_id)
-    rows = flagged.scan(tf.zeros([0], tf.int32), step)
+    return rows.unbatch()
+  if packing == 'full_sentences':
+    step = _full_sentences_step(row_len, cls_id, sep_id, pad_id)
   else:
-    raise ValueError(f'data.packing={packing!r} is not one of {PACKINGS}.')
-  return rows.unbatch().map(
-    lambda ids: {'input_ids': tf.ensure_shape(ids, [seq_len])}
+    step = _concat_step(row_len, pad_id)
+    docs = _concat_chunks(docs, sep_id)
+  # An empty document flagged as the end flushes the unfinished row.
+  flagged = docs.map(lambda ids: (ids, False)).concatenate(
+    tf.data.Dataset.from_tensors((tf.zeros([0], tf.int32), True))
   )
+  rows = flagged.scan(tf.zeros([0], tf.int32), step)
+  rows = rows.map(
+    lambda r: _features(tf.ensure_shape(r, [None, row_len]), sep_id, pad_id),
+    num_parallel_calls=_AUTOTUNE,
+    deterministic=True,
+  )
+  return rows.unbatch()
 
 
 def _rows(
@@ -174,7 +284,7 @@ def _rows(
   )
   return pack(
     tokenize(docs, tokenizer),
-    seq_len=config.data.seq_len,
+    row_len=row_length(config),
     packing=config.data.packing,
     cls_id=tokenizer.cls_id,
     sep_id=tokenizer.sep_id,
@@ -266,8 +376,9 @@ def train_dataset(
   if _count(rows.take(batch)) < batch:
     raise ValueError(
       f'data.source={data_config.source!r} gives fewer than {batch} rows '
-      f'of data.seq_len={data_config.seq_len} per epoch on this host, not '
-      'one full batch: use more text or a smaller data.batch_size.'
+      f'of {row_length(config)} tokens (data.seq_len={data_config.seq_len}) '
+      'per epoch on this host, not one full batch: use more text or a '
+      'smaller data.batch_size.'
     )
   # Resume: skip whole epochs arithmetically (counting one epoch's rows),
   # then rows within the epoch. Rows are skipped before the objective's

@@ -1,18 +1,38 @@
 """Documents from local/gs:// text files or TFDS, split and sharded by host.
 
 A source string is either comma-separated paths or globs ('a.txt,dir/*.txt')
-or 'tfds:name[/config][:version]'. Every function here returns documents in
+or 'tfds:name[/config][:version]'. A path or glob may end with a TFDS-style
+percent slice, 'a.txt[:90%]', 'a.txt[90%:]' or 'a.txt[10%:20%]': each file it
+matches is cut to those characters before it is split into documents, as
+nanoGPT's `data[:int(n * 0.9)]` / `data[int(n * 0.9):]`, so '[:90%]' and
+'[90%:]' of one file partition it. Every function here returns documents in
 a fixed order, so that the packed rows built from them are reproducible.
 """
 
+import re
 from collections.abc import Iterator
+from typing import NamedTuple
 
 import ml_collections
 import tensorflow as tf
 
 TFDS_PREFIX = 'tfds:'
-DOC_FORMATS = ('line', 'blank_line')
+# 'line': a document per line; 'blank_line': blocks of lines between blank
+# lines; 'file': each file is one document, kept verbatim.
+DOC_FORMATS = ('line', 'blank_line', 'file')
 SPLITS = ('train', 'eval')
+# A trailing [...] holding ':' or '%' is a slice; any other is a glob's
+# character class ('shard[01].txt').
+_SLICE_SUFFIX = re.compile(r'(.*)\[([^\[\]]*[:%][^\[\]]*)\]')
+_SLICE = re.compile(r'(?:(\d+)%)?:(?:(\d+)%)?')
+
+
+class _File(NamedTuple):
+  """A matched file and the percent range [start, stop) of its characters."""
+
+  path: str
+  start: int
+  stop: int
 
 
 def _is_tfds(source: str) -> bool:
@@ -23,10 +43,31 @@ def _patterns(source: str) -> list[str]:
   return [p.strip() for p in source.split(',') if p.strip()]
 
 
-def _match_files(source: str, field: str) -> list[str]:
+def _split_slice(entry: str, field: str) -> tuple[str, int, int]:
+  """'a.txt[10%:20%]' -> ('a.txt', 10, 20); no slice gives (entry, 0, 100)."""
+  suffix = _SLICE_SUFFIX.fullmatch(entry)
+  if not suffix:
+    return entry, 0, 100
+  pattern, spec = suffix.groups()
+  bounds = _SLICE.fullmatch(spec.replace(' ', ''))
+  start, stop = -1, -1  # malformed unless the slice parses
+  if bounds:
+    start = int(bounds[1] or 0)
+    stop = int(bounds[2] or 100)
+  if not 0 <= start < stop <= 100:
+    raise ValueError(
+      f'{field}: {entry!r} has a malformed slice [{spec}]; use '
+      "'path[:P%]', 'path[P%:]' or 'path[P%:Q%]' with whole percents "
+      '0 <= P < Q <= 100.'
+    )
+  return pattern, start, stop
+
+
+def _match_files(source: str, field: str) -> list[_File]:
   """The files `source` names, in the given order, each glob sorted."""
   files = []
-  for pattern in _patterns(source):
+  for entry in _patterns(source):
+    pattern, start, stop = _split_slice(entry, field)
     matches = sorted(tf.io.gfile.glob(pattern))
     if not matches:
       raise FileNotFoundError(f'{field}: no file matches {pattern!r}.')
@@ -36,7 +77,7 @@ def _match_files(source: str, field: str) -> list[str]:
           f'{field}: {path!r} is a directory; name its files, e.g. '
           f"'{path.rstrip('/')}/*.txt'."
         )
-    files.extend(matches)
+    files.extend(_File(path, start, stop) for path in matches)
   return files
 
 
@@ -86,8 +127,10 @@ def check_source(source: str, field: str, *, tfds_data_dir: str = '') -> None:
   if _is_tfds(source):
     _tfds_builder(source, field, tfds_data_dir)
     return
-  for path in _match_files(source, field):
-    _check_not_blank(path, field)
+  # A slice of a non-blank file may still be blank, but checking would read
+  # the whole file; the pipeline then reports too little text instead.
+  for file in _match_files(source, field):
+    _check_not_blank(file.path, field)
 
 
 def check_sources(data_config: ml_collections.ConfigDict) -> None:
@@ -104,19 +147,52 @@ def check_sources(data_config: ml_collections.ConfigDict) -> None:
     )
 
 
-def _file_documents(files: list[str], doc_format: str) -> tf.data.Dataset:
-  """All documents of `files`, in order, as stripped non-empty strings."""
+def _read_text(path: tf.Tensor, start: tf.Tensor, stop: tf.Tensor):
+  """A file's text, cut to characters [start%, stop%) of it."""
+  text = tf.io.read_file(path)
+  # Integer floor(n * p / 100) of the code points, as nanoGPT's
+  # int(n * 0.9) slices a str; UTF8_CHAR never cuts a character in two.
+  n = tf.cast(tf.strings.length(text, unit='UTF8_CHAR'), tf.int64)
+  begin = n * tf.cast(start, tf.int64) // 100
+  end = n * tf.cast(stop, tf.int64) // 100
+  return tf.strings.substr(text, begin, end - begin, unit='UTF8_CHAR')
+
+
+def _file_lines(path: tf.Tensor, start: tf.Tensor, stop: tf.Tensor):
+  """The lines of one file's slice, then a blank line."""
+  whole = tf.logical_and(start == 0, stop == 100)
+  # A whole file streams line by line; a slice needs the file's length, so
+  # a sliced file is read at once. Exactly one of the two is non-empty.
+  streamed = tf.data.TextLineDataset(tf.boolean_mask([path], [whole]))
+  sliced = tf.cond(
+    whole,
+    lambda: tf.zeros([0], tf.string),
+    lambda: tf.strings.split(_read_text(path, start, stop), '\n'),
+  )
+  # TextLineDataset drops a '\r' before '\n' too.
+  sliced = tf.strings.regex_replace(sliced, '\r$', '')
+  # The blank line ends the file's last block, so blocks never span files.
+  return streamed.concatenate(
+    tf.data.Dataset.from_tensor_slices(sliced)
+  ).concatenate(tf.data.Dataset.from_tensors(tf.constant('')))
+
+
+def _file_documents(files: list[_File], doc_format: str) -> tf.data.Dataset:
+  """All documents of `files`, in order, as non-blank strings.
+
+  Documents of the 'line' and 'blank_line' formats are stripped; a 'file'
+  document is the file's (sliced) text verbatim, newlines included.
+  """
   if doc_format not in DOC_FORMATS:
     raise ValueError(
       f'data.doc_format={doc_format!r} is not one of {DOC_FORMATS}.'
     )
-  # A blank line after each file ends its last block, so blocks never span
-  # files.
-  lines = tf.data.Dataset.from_tensor_slices(files).flat_map(
-    lambda f: tf.data.TextLineDataset(f).concatenate(
-      tf.data.Dataset.from_tensors(tf.constant(''))
-    )
-  )
+  paths, starts, stops = (list(column) for column in zip(*files, strict=True))
+  files_ds = tf.data.Dataset.from_tensor_slices((paths, starts, stops))
+  if doc_format == 'file':
+    docs = files_ds.map(_read_text)
+    return docs.filter(lambda doc: tf.strings.length(tf.strings.strip(doc)) > 0)
+  lines = files_ds.flat_map(_file_lines)
   if doc_format == 'line':
     docs = lines
   else:

@@ -1,11 +1,16 @@
-"""SentencePiece tokenizers: training, loading and the run's tokenizer setup.
+"""Tokenizers (SentencePiece or characters): training, loading, run setup.
 
 Every tokenizer here has the same five special tokens at fixed ids, so that
 objectives, checkpoints and fine-tuning code can rely on them:
 [PAD]=0, [UNK]=1, [CLS]=2, [SEP]=3, [MASK]=4.
+
+Two kinds share one interface (`Tokenizer`) and one file name in a workdir:
+a SentencePiece model ('unigram' or 'bpe', a binary proto) and a character
+vocabulary ('char', a small JSON file); loading tells them apart by content.
 """
 
 import io
+import json
 import os
 from collections.abc import Iterable, Iterator
 
@@ -24,49 +29,52 @@ SPECIAL_PIECES = {
   'sep': ('[SEP]', 3),
   'mask': ('[MASK]', 4),
 }
-MODEL_TYPES = ('unigram', 'bpe')
+CHAR_TYPE = 'char'
+# data.tokenizer_type: SentencePiece's two, or characters.
+MODEL_TYPES = ('unigram', 'bpe', CHAR_TYPE)
 # The file a run keeps its tokenizer in, inside the workdir.
 WORKDIR_FILENAME = 'tokenizer.model'
 
 
+def _read(path: str, size: int = -1) -> bytes:
+  """The first `size` bytes of the file (all for -1)."""
+  if not tf.io.gfile.exists(path):
+    raise FileNotFoundError(f'Tokenizer file not found: {path!r}.')
+  with tf.io.gfile.GFile(path, 'rb') as f:
+    return f.read(size)
+
+
+def _is_char_file(path: str) -> bool:
+  # A SentencePiece proto starts with a field tag (0x0a for its pieces), never
+  # '{', so the first bytes tell the two kinds apart.
+  return _read(path, 64).lstrip()[:1] == b'{'
+
+
 class Tokenizer:
-  """A SentencePiece model with the fixed special ids checked on load."""
+  """The interface of every tokenizer here, and its fixed special ids.
+
+  `Tokenizer(path)` loads the file at `path` (local or gs://) as the kind its
+  content shows: a `CharTokenizer` for a JSON file, else a
+  `SentencePieceTokenizer`.
+  """
+
+  def __new__(cls, path: str):
+    if cls is Tokenizer:
+      cls = CharTokenizer if _is_char_file(path) else SentencePieceTokenizer
+    return super().__new__(cls)
 
   def __init__(self, path: str):
-    if not tf.io.gfile.exists(path):
-      raise FileNotFoundError(f'Tokenizer file not found: {path!r}.')
-    with tf.io.gfile.GFile(path, 'rb') as f:
-      self._model_bytes = f.read()
     self.path = path
-    self._sp = spm.SentencePieceProcessor()
-    try:
-      self._sp.LoadFromSerializedProto(self._model_bytes)
-    except RuntimeError as e:
-      raise ValueError(f'{path!r} is not a SentencePiece model: {e}') from e
-    self._check_special_ids()
+    self._model_bytes = _read(path)
+    self._load()
 
-  def _check_special_ids(self):
-    """Raises if this model's special tokens are not at the fixed ids."""
-    found = {
-      'pad': self._sp.pad_id(),
-      'unk': self._sp.unk_id(),
-      'cls': self._sp.bos_id(),
-      'sep': self._sp.eos_id(),
-      'mask': self._sp.piece_to_id('[MASK]'),
-    }
-    for name, (piece, want) in SPECIAL_PIECES.items():
-      ok = found[name] == want and self._sp.id_to_piece(want) == piece
-      if not ok:
-        wanted = ', '.join(f'{p}={i}' for p, i in SPECIAL_PIECES.values())
-        raise ValueError(
-          f'Tokenizer {self.path!r} has {piece} at id {found[name]}; '
-          f'pretrain_lm needs {wanted}. Train one with '
-          'pretrain_lm.data.tokenizer.train_tokenizer.'
-        )
+  def _load(self) -> None:
+    """Parses self._model_bytes; raises ValueError naming self.path."""
+    raise NotImplementedError
 
   @property
   def vocab_size(self) -> int:
-    return self._sp.vocab_size()
+    raise NotImplementedError
 
   @property
   def pad_id(self) -> int:
@@ -100,29 +108,174 @@ class Tokenizer:
 
   def encode(self, text: str) -> list[int]:
     """Token ids of `text`, without [CLS]/[SEP]."""
-    return self._sp.encode(text)
+    raise NotImplementedError
 
   def decode(self, ids: Iterable[int]) -> str:
     """Text of `ids`, skipping [PAD]."""
-    return self._sp.decode([int(i) for i in ids if int(i) != self.pad_id])
+    raise NotImplementedError
 
   def model_bytes(self) -> bytes:
-    """The serialized SentencePiece model."""
+    """The tokenizer file's content."""
     return self._model_bytes
 
+  def tf_tokenizer(self):
+    """The same tokenizer as a TF op, for tokenizing inside tf.data graphs.
+
+    Its `tokenize(strings)` maps a string tensor to int32 ids, ragged along
+    the text (as tensorflow_text's tokenizers do).
+    """
+    raise NotImplementedError
+
+  def __repr__(self) -> str:
+    name = type(self).__name__
+    return f'{name}({self.path!r}, vocab_size={self.vocab_size})'
+
+
+class SentencePieceTokenizer(Tokenizer):
+  """A SentencePiece model with the fixed special ids checked on load."""
+
+  def _load(self) -> None:
+    self._sp = spm.SentencePieceProcessor()
+    try:
+      self._sp.LoadFromSerializedProto(self._model_bytes)
+    except RuntimeError as e:
+      raise ValueError(
+        f'{self.path!r} is not a SentencePiece model: {e}'
+      ) from e
+    self._check_special_ids()
+
+  def _check_special_ids(self):
+    """Raises if this model's special tokens are not at the fixed ids."""
+    found = {
+      'pad': self._sp.pad_id(),
+      'unk': self._sp.unk_id(),
+      'cls': self._sp.bos_id(),
+      'sep': self._sp.eos_id(),
+      'mask': self._sp.piece_to_id('[MASK]'),
+    }
+    for name, (piece, want) in SPECIAL_PIECES.items():
+      ok = found[name] == want and self._sp.id_to_piece(want) == piece
+      if not ok:
+        wanted = ', '.join(f'{p}={i}' for p, i in SPECIAL_PIECES.values())
+        raise ValueError(
+          f'Tokenizer {self.path!r} has {piece} at id {found[name]}; '
+          f'pretrain_lm needs {wanted}. Train one with '
+          'pretrain_lm.data.tokenizer.train_tokenizer.'
+        )
+
+  @property
+  def vocab_size(self) -> int:
+    return self._sp.vocab_size()
+
+  def encode(self, text: str) -> list[int]:
+    return self._sp.encode(text)
+
+  def decode(self, ids: Iterable[int]) -> str:
+    return self._sp.decode([int(i) for i in ids if int(i) != self.pad_id])
+
   def tf_tokenizer(self) -> tf_text.SentencepieceTokenizer:
-    """The same model as a TF op, for tokenizing inside tf.data graphs."""
     return tf_text.SentencepieceTokenizer(
       model=self._model_bytes, out_type=tf.int32
     )
 
-  def __repr__(self) -> str:
-    return f'Tokenizer({self.path!r}, vocab_size={self.vocab_size})'
+
+class CharTfTokenizer:
+  """Characters -> ids as TF ops: code points looked up in a hash table."""
+
+  def __init__(self, chars: tuple[str, ...], first_id: int, unk_id: int):
+    keys = tf.constant([ord(c) for c in chars], tf.int32)
+    values = tf.range(first_id, first_id + len(chars), dtype=tf.int32)
+    self._table = tf.lookup.StaticHashTable(
+      tf.lookup.KeyValueTensorInitializer(keys, values), default_value=unk_id
+    )
+
+  def tokenize(self, strings) -> tf.RaggedTensor:
+    """int32 ids of each string, ragged along its characters."""
+    # Invalid UTF-8 becomes U+FFFD, which maps to [UNK] unless the training
+    # text held it.
+    code_points = tf.strings.unicode_decode(strings, 'UTF-8', errors='replace')
+    return tf.ragged.map_flat_values(self._table.lookup, code_points)
+
+
+def _parse_chars(model_bytes: bytes) -> list[str] | None:
+  """The "chars" of a char tokenizer file, or None if it is not one."""
+  try:
+    spec = json.loads(model_bytes.decode('utf-8'))
+  except ValueError:  # UnicodeDecodeError and JSONDecodeError included
+    return None
+  if not isinstance(spec, dict) or spec.get('type') != CHAR_TYPE:
+    return None
+  chars = spec.get('chars')
+  if not isinstance(chars, list) or not chars:
+    return None
+  if not all(isinstance(c, str) and len(c) == 1 for c in chars):
+    return None
+  return chars if len(set(chars)) == len(chars) else None
+
+
+class CharTokenizer(Tokenizer):
+  """One id per Unicode code point: the specials, then `chars` in order.
+
+  The file is JSON, {"type": "char", "chars": [...]}; training writes the
+  training text's distinct characters sorted by code point. A character not
+  in `chars` encodes to [UNK].
+  """
+
+  def _load(self) -> None:
+    chars = _parse_chars(self._model_bytes)
+    if chars is None:
+      raise ValueError(
+        f'{self.path!r} is not a char tokenizer: want JSON {{"type": '
+        f'"{CHAR_TYPE}", "chars": [distinct single characters, at least '
+        f'one]}}, got {self._model_bytes[:200]!r}.'
+      )
+    self._chars = tuple(chars)
+    self._ids = {c: i for i, c in enumerate(chars, self.first_normal_id)}
+    self._pieces = {i: piece for piece, i in SPECIAL_PIECES.values()}
+    self._pieces.update({i: c for c, i in self._ids.items()})
+
+  @property
+  def vocab_size(self) -> int:
+    return self.first_normal_id + len(self._chars)
+
+  @property
+  def chars(self) -> tuple[str, ...]:
+    """The characters of ids first_normal_id, first_normal_id + 1, ..."""
+    return self._chars
+
+  def encode(self, text: str) -> list[int]:
+    return [self._ids.get(c, self.unk_id) for c in text]
+
+  def decode(self, ids: Iterable[int]) -> str:
+    """Text of `ids`, skipping [PAD]; other specials read '[UNK]' etc."""
+    pieces = []
+    for i in map(int, ids):
+      if i == self.pad_id:
+        continue
+      if i not in self._pieces:
+        raise ValueError(
+          f'Token id {i} is outside [0, {self.vocab_size}) of {self!r}.'
+        )
+      pieces.append(self._pieces[i])
+    return ''.join(pieces)
+
+  def tf_tokenizer(self) -> CharTfTokenizer:
+    return CharTfTokenizer(self._chars, self.first_normal_id, self.unk_id)
 
 
 def load_tokenizer(path: str) -> Tokenizer:
-  """Loads a SentencePiece .model file (local or gs://)."""
+  """Loads a tokenizer file (local or gs://) of either kind."""
   return Tokenizer(path)
+
+
+def _write_atomically(path: str, content: bytes) -> None:
+  tf.io.gfile.makedirs(os.path.dirname(path) or '.')
+  # Write then rename, so a crash never leaves a truncated tokenizer that a
+  # resumed run would pick up.
+  tmp_path = path + '.tmp'
+  with tf.io.gfile.GFile(tmp_path, 'wb') as f:
+    f.write(content)
+  tf.io.gfile.rename(tmp_path, path, overwrite=True)
 
 
 def _sentences(texts: Iterable[str]) -> Iterator[str]:
@@ -142,14 +295,17 @@ def train_tokenizer(
   model_type: str = 'unigram',
   seed: int = 0,
 ) -> Tokenizer:
-  """Trains a SentencePiece model on `texts` and writes it to `path`.
+  """Trains a tokenizer on `texts` and writes it to `path`.
 
   Args:
-    texts: documents; each line of each is a training sentence.
-    path: where to write the .model file (local or gs://).
-    vocab_size: the most pieces the model may have. Small corpora give fewer
-      (the limit is soft), so a run's model.vocab_size is an upper bound.
-    model_type: 'unigram' or 'bpe'.
+    texts: documents. SentencePiece trains on each line of each as a
+      sentence; 'char' takes every character, newlines included.
+    path: where to write the tokenizer file (local or gs://).
+    vocab_size: the most ids the tokenizer may have (model.vocab_size).
+      SentencePiece's limit is soft: small corpora give fewer pieces.
+      'char' has as many ids as the text has distinct characters (plus the
+      specials) and fails if that is more.
+    model_type: 'unigram' or 'bpe' (SentencePiece), or 'char'.
     seed: seeds SentencePiece's sentence sampling.
 
   Returns:
@@ -159,6 +315,8 @@ def train_tokenizer(
     raise ValueError(
       f'data.tokenizer_type={model_type!r} is not one of {MODEL_TYPES}.'
     )
+  if model_type == CHAR_TYPE:
+    return _train_char_tokenizer(texts, path, vocab_size=vocab_size)
   spm.set_random_generator_seed(seed)
   model = io.BytesIO()
   pieces = {name: piece for name, (piece, _) in SPECIAL_PIECES.items()}
@@ -205,13 +363,7 @@ def train_tokenizer(
       f'Cannot train a tokenizer with model.vocab_size={vocab_size} on this '
       f'text ({e}); use a {advice} --config.model.vocab_size.'
     ) from e
-  tf.io.gfile.makedirs(os.path.dirname(path) or '.')
-  # Write then rename, so a crash never leaves a truncated tokenizer that a
-  # resumed run would pick up.
-  tmp_path = path + '.tmp'
-  with tf.io.gfile.GFile(tmp_path, 'wb') as f:
-    f.write(model.getvalue())
-  tf.io.gfile.rename(tmp_path, path, overwrite=True)
+  _write_atomically(path, model.getvalue())
   tokenizer = load_tokenizer(path)
   if tokenizer.vocab_size < vocab_size:
     logging.warning(
@@ -223,6 +375,31 @@ def train_tokenizer(
       tokenizer.vocab_size,
     )
   return tokenizer
+
+
+def _train_char_tokenizer(
+  texts: Iterable[str], path: str, *, vocab_size: int
+) -> CharTokenizer:
+  """Writes the char tokenizer of `texts`' distinct characters to `path`."""
+  chars = set()
+  for text in texts:
+    chars.update(text)
+  if not chars:
+    raise ValueError('Cannot train a char tokenizer on no text.')
+  num_ids = len(SPECIAL_PIECES) + len(chars)
+  # Checked before writing, so a fixed rerun does not find a tokenizer that
+  # its model cannot hold in the workdir.
+  if num_ids > vocab_size:
+    raise ValueError(
+      f'The text has {len(chars)} distinct characters, so the char '
+      f'tokenizer needs {num_ids} ids with the specials, more than '
+      f'model.vocab_size={vocab_size}; set --config.model.vocab_size='
+      f'{num_ids} or larger.'
+    )
+  # Sorted by code point, so the ids depend only on the set of characters.
+  spec = {'type': CHAR_TYPE, 'chars': sorted(chars)}
+  _write_atomically(path, json.dumps(spec).encode('ascii'))
+  return CharTokenizer(path)
 
 
 def setup_tokenizer(

@@ -18,6 +18,8 @@ import tensorflow as tf
 
 from pretrain_lm.data import tokenizer as tokenizer_lib
 
+FAMILIES = ('encoder',)
+
 
 def max_predictions(mask_rate: float, seq_len: int) -> int:
   """P: the number of prediction slots per row."""
@@ -34,19 +36,27 @@ def transform(
   """Masks one packed row; all randomness comes from the stateless `seed`.
 
   Args:
-    row: {'input_ids': int32[L]}.
+    row: a packed row, {'input_ids', 'segment_ids', 'positions'} int32[L].
     seed: int32/int64[2], a stateless seed unique to (epoch, row).
     config: the `objective` config section.
     tokenizer: gives the special ids, first_normal_id and vocab_size.
 
   Returns:
-    input_ids int32[L] (masked), segment_ids int32[L], input_mask int32[L],
-    masked_positions int32[P] (ascending, 0-padded), masked_ids int32[P]
-    (the original tokens), masked_weights float32[P] (1 real, 0 padding).
+    input_ids int32[L] (masked); the row's segment_ids and positions
+    int32[L] unchanged (the packed documents, for attention and position
+    embeddings); token_type_ids int32[L] (BERT's sentence A/B ids, all 0);
+    input_mask int32[L]; masked_positions int32[P] (ascending, 0-padded),
+    masked_ids int32[P] (the original tokens), masked_weights float32[P]
+    (1 real, 0 padding).
   """
   ids = tf.cast(row['input_ids'], tf.int32)
   seq_len = ids.shape[0]
   num_slots = max_predictions(config.mask_rate, seq_len)
+  # Masking keeps the packed documents' segments and positions.
+  packed = {
+    key: tf.ensure_shape(tf.cast(row[key], tf.int32), [seq_len])
+    for key in ('segment_ids', 'positions')
+  }
   seeds = tf.random.experimental.stateless_split(seed, num=4)
 
   special = tf.constant(
@@ -99,7 +109,8 @@ def transform(
   masked_input = tf.tensor_scatter_nd_update(padded_ids, targets, replaced)
   return {
     'input_ids': tf.ensure_shape(masked_input[:seq_len], [seq_len]),
-    'segment_ids': tf.zeros([seq_len], tf.int32),
+    **packed,
+    'token_type_ids': tf.zeros([seq_len], tf.int32),
     'input_mask': tf.cast(ids != tokenizer.pad_id, tf.int32),
     'masked_positions': positions,
     'masked_ids': tf.where(is_real, originals, 0),
