@@ -35,6 +35,8 @@ def get_config(arg=None):
   c.model.norm_position = 'post'
   c.model.activation = 'gelu'
 
+  c.model.pooler = True  # BERT's tanh pooler (used by NSP and fine-tuning)
+
   c.objective.name = 'mlm'
 
   # BERT trained 90% of steps at length 128, batch 256 (and the rest at 512).

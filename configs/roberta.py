@@ -31,6 +31,8 @@ def get_config(arg=None):
   c.model.type_vocab_size = 1
   c.model.layer_norm_eps = 1e-5
 
+  c.model.pooler = True
+
   c.objective.name = 'mlm'
 
   c.data.tokenizer_type = 'bpe'

@@ -23,6 +23,9 @@ import orbax.checkpoint as ocp
 import tensorflow as tf
 
 CHECKPOINT_DIR = 'checkpoints'
+# The per-example feature shapes and dtypes of a run (pretrain_lm.load
+# builds the model's params from it).
+BATCH_SPEC_FILE = 'batch_spec.json'
 PACKAGES = (
   'pretrain_lm',
   'jax',

@@ -49,22 +49,45 @@ def base_config() -> ml_collections.ConfigDict:
   # Architecture: the fields of pretrain_lm.models.config.ModelConfig, filled
   # from its SIZES table by the family config file.
   c.model = ml_collections.ConfigDict()
-  c.model.family = 'encoder'  # key of pretrain_lm.models.MODELS
+  c.model.family = 'encoder'  # encoder | decoder | encoder_decoder | electra
   c.model.size = ''  # the SIZES preset the dimensions came from (a label)
   c.model.vocab_size = 30522
-  c.model.num_layers = 12
-  c.model.emb_dim = 768
+  c.model.num_layers = 12  # per stack
+  c.model.num_decoder_layers = 0  # encoder_decoder; 0: num_layers
+  c.model.emb_dim = 768  # D, the residual width
+  c.model.embed_dim = 0  # E of a factorised token table (ALBERT); 0: D
   c.model.num_heads = 12
   c.model.head_dim = 64
   c.model.mlp_dim = 3072
-  c.model.max_len = 512
-  c.model.type_vocab_size = 2
+  c.model.max_len = 512  # learned-position table size; max decode length
+  c.model.type_vocab_size = 2  # BERT's token types; 0: none
+  # relu | gelu | gelu_tanh | silu, or gated: geglu | swiglu.
   c.model.activation = 'gelu'
-  c.model.norm_position = 'post'  # 'post' (BERT) or 'pre' (GPT-2, T5)
+  c.model.norm_type = 'layernorm'  # or 'rmsnorm' (T5)
+  c.model.norm_position = 'post'  # 'post' (BERT, BART) or 'pre' (GPT-2, T5)
+  c.model.embed_norm = True  # normalise the embedding sum (BERT, BART)
   c.model.layer_norm_eps = 1e-12
+  c.model.position = 'learned'  # learned | sinusoidal | relative | rotary
+  c.model.embed_scale = False  # token embeddings x sqrt(E) (Vaswani et al.)
+  c.model.relative_buckets = 32  # T5 relative attention
+  c.model.relative_max_distance = 128
+  c.model.rotary_base = 10_000.0
+  c.model.tie_embeddings = True  # output logits use the token table
+  c.model.share_layers = False  # ALBERT cross-layer parameter sharing
+  c.model.attention_bias = True
+  c.model.mlp_bias = True
+  c.model.pooler = False  # BERT's tanh pooler on the first token
   c.model.dropout_rate = 0.1
   c.model.attention_dropout_rate = 0.1
   c.model.initializer_range = 0.02
+  # Residual-writing projections init with std / sqrt(2 layers) (GPT-2).
+  c.model.scaled_residual_init = False
+  c.model.generator_width = 0.25  # ELECTRA generator / discriminator width
+  c.model.scan_layers = False  # nn.scan over layers: faster compiles
+  c.model.remat = 'none'  # none | full | dots | dots_no_batch
+  # einsum (ours, any backend, attention dropout), or jax.nn's fused
+  # dot_product_attention: xla | cudnn (GPU, bf16) | auto.
+  c.model.attention_impl = 'einsum'
   c.model.dtype = 'float32'  # activations; 'bfloat16' on accelerators
   c.model.param_dtype = 'float32'
 
@@ -73,25 +96,30 @@ def base_config() -> ml_collections.ConfigDict:
   c.objective.mask_rate = 0.15  # fraction of non-special tokens predicted
   c.objective.mask_token_rate = 0.8  # of those: replaced by [MASK]
   c.objective.random_token_rate = 0.1  # of those: a random token; rest kept
+  c.objective.disc_weight = 50.0  # electra: lambda of the discriminator loss
 
   c.data = ml_collections.ConfigDict()
-  # Comma-separated local paths/globs, or 'tfds:name[/config][:version]'.
+  # Comma-separated local paths/globs, or 'tfds:name[/config][:version]'. A
+  # local path may end in a slice of each file's characters: 'a.txt[:90%]'.
   c.data.source = os.path.join(CORPUS_DIR, 'wikitext-2', 'valid.txt')
   # Held-out text for evaluation; '' holds out every `eval_holdout_every`-th
   # document of `source` instead (and trains on the rest).
   c.data.eval_source = os.path.join(CORPUS_DIR, 'wikitext-2', 'test.txt')
   c.data.eval_holdout_every = 100
-  c.data.doc_format = 'line'  # 'line': a document per line; 'blank_line'
+  # 'line': a document per line; 'blank_line'; 'file': one per file.
+  c.data.doc_format = 'line'
   c.data.tfds_split = 'train'
   c.data.tfds_eval_split = 'validation'
   c.data.tfds_text_key = 'text'
   c.data.tfds_data_dir = ''
   c.data.tokenizer = ''  # a SentencePiece .model; '' trains one on `source`
-  c.data.tokenizer_type = 'unigram'  # or 'bpe'
+  c.data.tokenizer_type = 'unigram'  # or 'bpe', 'char'
   c.data.tokenizer_max_docs = 200_000  # documents sampled to train it
   c.data.seq_len = 128
   # How documents fill rows: 'full_sentences' (RoBERTa: back to back, a
-  # [SEP] after each) or 'doc_sentences' (rows never cross a document).
+  # [SEP] after each), 'doc_sentences' (rows never cross a document) or
+  # 'concat' (GPT: no [CLS], documents cut anywhere). Packed documents
+  # never attend to each other.
   c.data.packing = 'full_sentences'
   c.data.batch_size = 256  # global, across all hosts
   c.data.shuffle_buffer = 10_000  # packed rows
@@ -106,7 +134,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.optimizer.eps = 1e-6
   c.optimizer.weight_decay = 0.01
   c.optimizer.warmup_steps = 10_000
-  c.optimizer.decay = 'linear'  # to 0 at train.num_steps; or 'constant'
+  # After warmup: 'linear' or 'cosine' to final_learning_rate at
+  # train.num_steps, or 'constant'.
+  c.optimizer.decay = 'linear'
+  c.optimizer.final_learning_rate = 0.0
   c.optimizer.grad_clip_norm = 1.0  # 0 disables clipping
 
   c.train = ml_collections.ConfigDict()

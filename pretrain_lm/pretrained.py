@@ -32,6 +32,17 @@ class Pretrained:
     return self.model.apply({'params': self.params}, batch, deterministic=True)
 
 
+def example_batch(workdir: str, config) -> dict[str, jax.Array]:
+  """A one-row batch with the run's feature shapes (to build the params)."""
+  path = os.path.join(workdir, checkpoint_lib.BATCH_SPEC_FILE)
+  if not tf.io.gfile.exists(path):  # a workdir from before the spec file
+    return {'input_ids': jnp.zeros((1, config.data.seq_len), jnp.int32)}
+  spec = checkpoint_lib.read_json(path)
+  return {
+    k: jnp.zeros((1, *shape), dtype) for k, (shape, dtype) in spec.items()
+  }
+
+
 def load(
   workdir: str, step: int | None = None, mesh: jax.sharding.Mesh | None = None
 ) -> Pretrained:
@@ -59,7 +70,7 @@ def load(
   if step is None:
     raise FileNotFoundError(f'No checkpoint in {checkpointer.directory!r}.')
 
-  example = {'input_ids': jnp.zeros((1, config.data.seq_len), jnp.int32)}
+  example = example_batch(workdir, config)
   boxed = jax.eval_shape(
     lambda: model.init(jax.random.key(0), example, deterministic=True)
   )['params']

@@ -24,6 +24,7 @@ LOGICAL_AXIS_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
   ('mlp', 'tensor'),
   ('heads', 'tensor'),
   ('kv', None),
+  ('layers', None),  # the stacked axis of scanned layers
   ('position', None),
   ('type_vocab', None),
   ('norm', None),

@@ -23,7 +23,7 @@ from pretrain_lm import sharding
 from pretrain_lm.data import pipeline
 from pretrain_lm.data import tokenizer as tokenizer_lib
 from pretrain_lm.models import MODELS, ModelConfig
-from pretrain_lm.objectives import OBJECTIVES
+from pretrain_lm.objectives import OBJECTIVES, loss_fn
 
 
 @flax.struct.dataclass
@@ -39,17 +39,25 @@ class TrainState:
 
 
 def learning_rate_schedule(opt: ml_collections.ConfigDict, num_steps: int):
-  """Linear warmup to the peak, then linear decay to 0 at num_steps (BERT)."""
+  """Linear warmup to the peak, then decay to the final rate at num_steps."""
   warmup = optax.linear_schedule(0.0, opt.learning_rate, opt.warmup_steps)
+  decay_steps = max(num_steps - opt.warmup_steps, 1)
   if opt.decay == 'linear':
     after = optax.linear_schedule(
-      opt.learning_rate, 0.0, max(num_steps - opt.warmup_steps, 1)
+      opt.learning_rate, opt.final_learning_rate, decay_steps
+    )
+  elif opt.decay == 'cosine':  # GPT-2/nanoGPT; alpha is the final fraction
+    after = optax.cosine_decay_schedule(
+      opt.learning_rate,
+      decay_steps,
+      alpha=opt.final_learning_rate / opt.learning_rate,
     )
   elif opt.decay == 'constant':
     after = optax.constant_schedule(opt.learning_rate)
   else:
     raise ValueError(
-      f"optimizer.decay={opt.decay!r}; expected 'linear' or 'constant'."
+      f"optimizer.decay={opt.decay!r}; expected 'linear', 'cosine' or "
+      "'constant'."
     )
   return optax.join_schedules([warmup, after], [opt.warmup_steps])
 
@@ -174,6 +182,7 @@ class Trainer:
     self.model_config = ModelConfig.from_config(config.model)
     self.model = MODELS[config.model.family](self.model_config)
     self.objective = OBJECTIVES[config.objective.name]
+    self.loss_fn = loss_fn(self.objective, config.objective)
     self.tx, self.schedule = make_optimizer(
       config.optimizer, config.train.num_steps
     )
@@ -185,6 +194,14 @@ class Trainer:
       process_count=jax.process_count(),
     ).element_spec
     self.batch_shapes = abstract_batch(spec)
+    if self.is_chief:  # lets pretrain_lm.load build the model's input
+      checkpoint_lib.write_json(
+        os.path.join(workdir, checkpoint_lib.BATCH_SPEC_FILE),
+        {
+          k: [list(v.shape[1:]), v.dtype.name]
+          for k, v in self.batch_shapes.items()
+        },
+      )
     with self.context():
       self.shardings = state_shardings(
         self.model, self.tx, self.batch_shapes, self.mesh
@@ -200,7 +217,7 @@ class Trainer:
         train_step,
         model=self.model,
         tx=self.tx,
-        loss_fn=self.objective.loss,
+        loss_fn=self.loss_fn,
         schedule=self.schedule,
       ),
       in_shardings=(self.shardings, self.batch_sharding),
@@ -208,9 +225,7 @@ class Trainer:
       donate_argnums=0,
     )
     self._p_eval_step = jax.jit(
-      functools.partial(
-        eval_step, model=self.model, loss_fn=self.objective.loss
-      ),
+      functools.partial(eval_step, model=self.model, loss_fn=self.loss_fn),
       in_shardings=(self.shardings.params, self.batch_sharding),
       out_shardings=sharding.replicated(self.mesh),
     )
@@ -430,14 +445,14 @@ class _Throughput:
   """Turns a window of per-step metrics into logged averages and speeds."""
 
   def __init__(self, trainer: Trainer, cfg: ml_collections.ConfigDict):
-    shapes = trainer.batch_shapes
-    batch, seq_len = shapes['input_ids'].shape
-    predictions = (
-      shapes['masked_positions'].shape[1] if 'masked_positions' in shapes else 0
+    shapes = {k: v.shape for k, v in trainer.batch_shapes.items()}
+    # Tokens fed to the model: the encoder's and the decoder's, if both.
+    self.tokens_per_step = sum(
+      int(np.prod(s)) for k, s in shapes.items() if k.endswith('input_ids')
     )
-    self.tokens_per_step = batch * seq_len
-    self.flops_per_token = trainer.model.train_flops_per_token(
-      trainer.model_config, seq_len, predictions
+    self.flops_per_token = (
+      trainer.model.train_flops(trainer.model_config, shapes)
+      / self.tokens_per_step
     )
     peak = metrics_lib.peak_flops_per_device(cfg.train.peak_flops_per_device)
     self.peak_total = peak * jax.device_count() if peak else None

@@ -29,10 +29,18 @@ def check_config(config: ml_collections.ConfigDict) -> None:
     config.objective.name in OBJECTIVES,
     f'objective.name={config.objective.name!r}; valid: {sorted(OBJECTIVES)}.',
   )
+  objective = OBJECTIVES[config.objective.name]
   _require(
-    0 < d.seq_len <= m.max_len,
-    f'data.seq_len={d.seq_len} must be in [1, model.max_len={m.max_len}].',
+    m.family in objective.FAMILIES,
+    f'objective.name={config.objective.name!r} trains the '
+    f'{list(objective.FAMILIES)} family, not model.family={m.family!r}.',
   )
+  _require(
+    m.position != 'learned' or d.seq_len <= m.max_len,
+    f'data.seq_len={d.seq_len} exceeds model.max_len={m.max_len}, the '
+    'size of the learned position table.',
+  )
+  _require(d.seq_len > 0, f'data.seq_len={d.seq_len} must be > 0.')
   _require(d.batch_size > 0, f'data.batch_size={d.batch_size} must be > 0.')
   _require(t.num_steps > 0, f'train.num_steps={t.num_steps} must be > 0.')
   for name in ('log_every', 'eval_every'):
@@ -62,7 +70,7 @@ def check_config(config: ml_collections.ConfigDict) -> None:
     )
   if d.tokenizer and not tf.io.gfile.exists(d.tokenizer):
     raise FileNotFoundError(
-      f'data.tokenizer: no SentencePiece model at {d.tokenizer!r}.'
+      f'data.tokenizer: no tokenizer file at {d.tokenizer!r}.'
     )
   if c.init_from and not tf.io.gfile.exists(c.init_from):
     raise FileNotFoundError(

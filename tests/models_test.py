@@ -36,13 +36,14 @@ def count(tree) -> int:
   'size, reference',
   [
     # Hugging Face BertForMaskedLM (bert-base/large-uncased): body without
-    # pooler + MLM head (transform, LayerNorm, output bias; tied decoder).
-    ('base', 109_514_298),
-    ('large', 335_174_458),
+    # pooler + MLM head (transform, LayerNorm, output bias; tied decoder);
+    # plus BERT's pooler (D x D + D), which BertForMaskedLM leaves out.
+    ('base', 109_514_298 + 768 * 769),
+    ('large', 335_174_458 + 1024 * 1025),
   ],
 )
 def test_parameter_count_matches_bert(size, reference):
-  assert count(abstract_params(bert(size))) == reference
+  assert count(abstract_params(bert(size, pooler=True))) == reference
 
 
 def test_flops_formula_counts_every_matmul_weight():
@@ -57,20 +58,23 @@ def test_flops_formula_counts_every_matmul_weight():
     params['mlm_head']['transform_kernel'].size
     + params['token_embed']['embedding'].size
   )
-  seq_len, preds = 128, 20
+  batch, seq_len, preds = 2, 128, 20
   attention = 12 * cfg.num_layers * seq_len * cfg.num_heads * cfg.head_dim
-  expected = 6 * layer_weights + attention + 6 * head_weights * preds / seq_len
-  got = MODELS['encoder'].train_flops_per_token(cfg, seq_len, preds)
-  assert got == pytest.approx(expected, rel=1e-6)
+  per_token = 6 * layer_weights + attention + 6 * head_weights * preds / seq_len
+  shapes = {'input_ids': (batch, seq_len), 'masked_positions': (batch, preds)}
+  got = MODELS['encoder'].train_flops(cfg, shapes)
+  assert got == pytest.approx(batch * seq_len * per_token, rel=1e-6)
   # The familiar rule of thumb: ~6 FLOPs per non-embedding weight per token.
-  assert got == pytest.approx(6 * 85e6, rel=0.1)
+  assert got / (batch * seq_len) == pytest.approx(6 * 85e6, rel=0.1)
 
 
-def test_pre_ln_normalises_at_the_end_not_the_embeddings():
-  post = abstract_params(bert('tiny'))['encoder']
-  pre = abstract_params(bert('tiny', norm_position='pre'))['encoder']
-  assert 'embed_norm' in post and 'final_norm' not in post
-  assert 'final_norm' in pre and 'embed_norm' not in pre
+def test_pre_ln_normalises_at_the_end():
+  post = abstract_params(bert('tiny'))
+  pre = abstract_params(bert('tiny', norm_position='pre', embed_norm=False))
+  assert 'final_norm' not in post['encoder']
+  assert 'embed_norm' in post['embeddings']
+  assert 'final_norm' in pre['encoder']
+  assert 'embed_norm' not in pre['embeddings']
 
 
 def small_model_and_batch(seed=0, **kw):
@@ -86,7 +90,7 @@ def small_model_and_batch(seed=0, **kw):
   ids[1, 10:] = 0
   batch = {
     'input_ids': ids,
-    'segment_ids': np.zeros_like(ids),
+    'token_type_ids': np.zeros_like(ids),
     'input_mask': mask,
     'masked_positions': np.array([[1, 4, 0], [2, 9, 0], [0, 5, 15]], np.int32),
   }
@@ -125,8 +129,8 @@ def test_attention_matches_a_numpy_reference():
   from pretrain_lm.models import layers
 
   cfg = model.cfg
-  got = layers.MultiHeadAttention(cfg).apply(
-    {'params': p}, x, x, mask, deterministic=True
+  got = layers.MultiHeadAttention(cfg, out_std=0.02).apply(
+    {'params': p}, x, x, mask=mask, deterministic=True
   )
 
   def proj(name):

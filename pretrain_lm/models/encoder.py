@@ -1,114 +1,63 @@
-"""The encoder family (BERT, RoBERTa): bidirectional Transformer + MLM head."""
+"""The encoder family (BERT, RoBERTa, ALBERT): bidirectional + MLM head."""
 
 import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
-from pretrain_lm.models import heads, layers
+from pretrain_lm.models import heads, layers, transformer
 from pretrain_lm.models.config import ModelConfig
 
 Array = jax.Array
 
 
-class EncoderLayer(nn.Module):
-  """Self-attention + feed-forward, post-LN (BERT) or pre-LN (GPT-2/T5)."""
+def stack_inputs(batch: dict[str, Array], prefix: str = '') -> dict:
+  """Segment ids and positions of a stack's input, defaulted if absent.
 
-  cfg: ModelConfig
-
-  @nn.compact
-  def __call__(self, x_BLD: Array, mask_B1LS: Array, deterministic: bool):
-    cfg = self.cfg
-    dropout = nn.Dropout(cfg.dropout_rate)
-    attention = layers.MultiHeadAttention(cfg, name='attention')
-    mlp = layers.Mlp(cfg, name='mlp')
-    attn_norm = layers.layer_norm(cfg, 'attention_norm')
-    mlp_norm = layers.layer_norm(cfg, 'mlp_norm')
-
-    if cfg.norm_position == 'post':
-      y = attention(x_BLD, x_BLD, mask_B1LS, deterministic)
-      x_BLD = attn_norm(x_BLD + dropout(y, deterministic=deterministic))
-      y = mlp(x_BLD, deterministic)
-      x_BLD = mlp_norm(x_BLD + dropout(y, deterministic=deterministic))
-    else:
-      h = attn_norm(x_BLD)
-      y = attention(h, h, mask_B1LS, deterministic)
-      x_BLD = x_BLD + dropout(y, deterministic=deterministic)
-      y = mlp(mlp_norm(x_BLD), deterministic)
-      x_BLD = x_BLD + dropout(y, deterministic=deterministic)
-    return nn.with_logical_constraint(x_BLD, layers.BLD)
-
-
-class Encoder(nn.Module):
-  """Token + learned position + segment embeddings, then the layer stack."""
-
-  cfg: ModelConfig
-  token_embed: layers.Embed
-
-  @nn.compact
-  def __call__(
-    self,
-    input_ids_BL: Array,
-    segment_ids_BL: Array,
-    input_mask_BL: Array,
-    deterministic: bool,
-  ) -> Array:
-    cfg = self.cfg
-    L = input_ids_BL.shape[1]
-    if cfg.max_len < L:
-      raise ValueError(
-        f'Sequence length {L} exceeds model.max_len={cfg.max_len} (the '
-        'position table); lower data.seq_len or raise model.max_len.'
-      )
-    positions = layers.Embed(
-      cfg.max_len, cfg, axes=('position', 'embed'), name='position_embed'
-    )
-    segments = layers.Embed(
-      cfg.type_vocab_size,
-      cfg,
-      axes=('type_vocab', 'embed'),
-      name='segment_embed',
-    )
-    x_BLD = self.token_embed(input_ids_BL) + positions(jnp.arange(L)[None])
-    x_BLD = x_BLD + segments(segment_ids_BL)
-    if cfg.norm_position == 'post':
-      # BERT normalises the embedding sum; pre-LN stacks normalise at the end.
-      x_BLD = layers.layer_norm(cfg, 'embed_norm')(x_BLD)
-    x_BLD = nn.Dropout(cfg.dropout_rate)(x_BLD, deterministic=deterministic)
-    x_BLD = nn.with_logical_constraint(x_BLD, layers.BLD)
-
-    # Padding keys are masked for every query; padded queries are computed
-    # and ignored by the loss.
-    mask_B1LS = input_mask_BL[:, None, None, :].astype(bool)
-    for i in range(cfg.num_layers):
-      x_BLD = EncoderLayer(cfg, name=f'layer_{i}')(
-        x_BLD, mask_B1LS, deterministic
-      )
-    if cfg.norm_position == 'pre':
-      x_BLD = layers.layer_norm(cfg, 'final_norm')(x_BLD)
-    return x_BLD
+  Packed rows carry `segment_ids` (1, 2, ... per document, 0 on padding)
+  and `positions` (restarting per document); without them a row is one
+  document, padded where input_mask (or the id) is 0.
+  """
+  ids = batch[f'{prefix}input_ids']
+  segments = batch.get(f'{prefix}segment_ids')
+  if segments is None:
+    segments = batch.get(f'{prefix}input_mask', ids != 0).astype(jnp.int32)
+  positions = batch.get(f'{prefix}positions')
+  if positions is None:
+    positions = transformer.default_positions(segments)
+  return {'segment_ids_BL': segments, 'positions_BL': positions}
 
 
 class EncoderModel(nn.Module):
-  """Encoder body with the MLM head tied to its token embedding.
+  """Encoder body, optional pooler, and the MLM head tied to the tokens.
 
   Takes a feature dict from the objective's tf.data transform and returns a
-  dict: `hidden` [B, L, D] always, `mlm_logits` [B, P, V] when the batch has
-  `masked_positions`.
+  dict: `hidden` [B, L, D] always, `pooled` [B, D] with model.pooler, and
+  `mlm_logits` [B, P, V] when the batch has `masked_positions`.
   """
 
   cfg: ModelConfig
 
   def setup(self):
-    self.token_embed = layers.Embed(self.cfg.vocab_size, self.cfg)
-    self.encoder = Encoder(self.cfg, self.token_embed)
-    self.mlm_head = heads.MlmHead(self.cfg)
+    cfg = self.cfg
+    self.token_embed = layers.Embed(cfg.vocab_size, cfg, cfg.token_dim)
+    self.embeddings = transformer.Embedder(cfg, self.token_embed)
+    self.encoder = transformer.Stack(
+      cfg, self.embeddings, cfg.num_layers, causal=False
+    )
+    if cfg.pooler:
+      self.pooler = heads.Pooler(cfg)
+    self.mlm_head = heads.MlmHead(cfg)
 
   def __call__(self, batch: dict[str, Array], *, deterministic: bool):
-    input_ids = batch['input_ids']
-    segment_ids = batch.get('segment_ids', jnp.zeros_like(input_ids))
-    input_mask = batch.get('input_mask', input_ids != 0)
-    hidden = self.encoder(input_ids, segment_ids, input_mask, deterministic)
+    hidden = self.encoder(
+      batch['input_ids'],
+      type_ids_BL=batch.get('token_type_ids'),
+      deterministic=deterministic,
+      **stack_inputs(batch),
+    )
     outputs = {'hidden': hidden}
+    if self.cfg.pooler:
+      outputs['pooled'] = self.pooler(hidden)
     if 'masked_positions' in batch:
       outputs['mlm_logits'] = self.mlm_head(
         hidden, batch['masked_positions'], self.token_embed
@@ -116,21 +65,15 @@ class EncoderModel(nn.Module):
     return outputs
 
   @staticmethod
-  def train_flops_per_token(
-    cfg: ModelConfig, seq_len: int, predictions_per_row: int
-  ) -> float:
-    """Model FLOPs of one training step, per input token (PaLM, App. B).
+  def train_flops(cfg: ModelConfig, shapes: dict[str, tuple]) -> float:
+    """Model FLOPs of one training step (see stack_flops_per_token).
 
-    A matmul with N weights costs 2N FLOPs per token forward and 4N backward,
-    so 6N in all. Counted: the attention and MLP projections of every layer
-    (N = 4·D·H·K + 2·D·F), the score and value products of attention
-    (2 matmuls of L·H·K per token, so 6·2·L·H·K), and the MLM head (D·D
-    transform + D·V tied output), which runs only on the predicted fraction
-    P/L of tokens. Embedding lookups, norms and softmax are not matmuls and,
-    as in the MFU convention, are left out; dropout and remat recomputation
-    are not model FLOPs either.
+    The MLM head (D x E transform + E x V output) runs only at the P
+    predicted positions of each row.
     """
-    D, H, K, F = cfg.emb_dim, cfg.num_heads, cfg.head_dim, cfg.mlp_dim
-    per_layer = 6 * (4 * D * H * K + 2 * D * F) + 12 * seq_len * H * K
-    head = 6 * (D * D + D * cfg.vocab_size) * predictions_per_row / seq_len
-    return float(cfg.num_layers * per_layer + head)
+    B, L = shapes['input_ids']
+    P = shapes['masked_positions'][1] if 'masked_positions' in shapes else 0
+    body = transformer.stack_flops_per_token(cfg, cfg.num_layers, L) * L
+    head = 6 * (cfg.emb_dim + cfg.vocab_size) * cfg.token_dim * P
+    pooler = 6 * cfg.emb_dim**2 if cfg.pooler else 0
+    return float(B * (body + head + pooler))

@@ -7,58 +7,124 @@ from flax import linen as nn
 from pretrain_lm.models import layers
 from pretrain_lm.models.config import ModelConfig
 
+Array = jax.Array
 
-def gather_positions(x_BLD: jax.Array, positions_BP: jax.Array) -> jax.Array:
+
+def gather_positions(x_BLD: Array, positions_BP: Array) -> Array:
   """The hidden states at `positions` of each row: [B, L, D] -> [B, P, D]."""
   return jnp.take_along_axis(x_BLD, positions_BP[..., None], axis=1)
 
 
+def output_logits(
+  module: nn.Module, h_BPE: Array, embed: layers.Embed
+) -> Array:
+  """Logits from E-wide states: the tied table's transpose or a kernel."""
+  cfg = module.cfg
+  if cfg.tie_embeddings:
+    return embed.attend(h_BPE)
+  return layers.dense(
+    module,
+    'logits',
+    h_BPE,
+    (h_BPE.shape[-1], cfg.vocab_size),
+    ('embed', 'vocab'),
+    'BPE,EV->BPV',
+    use_bias=False,
+    std=cfg.initializer_range,
+  )
+
+
 class MlmHead(nn.Module):
-  """BERT's masked-LM head: dense + activation + LayerNorm, then tied logits.
+  """BERT's masked-LM head: dense + activation + norm, then logits + bias.
 
   It runs only on the P predicted positions, gathered first, so the [*, V]
-  logits cost B*P*V rather than B*L*V (P is about 15% of L).
+  logits cost B*P*V rather than B*L*V (P is about 15% of L). The dense maps
+  D to the token-table width E (ALBERT's factorised embedding: 768 -> 128).
   """
 
   cfg: ModelConfig
 
   @nn.compact
   def __call__(
-    self, x_BLD: jax.Array, positions_BP: jax.Array, embed: layers.Embed
-  ) -> jax.Array:
+    self, x_BLD: Array, positions_BP: Array, embed: layers.Embed
+  ) -> Array:
     cfg = self.cfg
-    dtype = cfg.jnp_dtype
     x_BPD = nn.with_logical_constraint(
       gather_positions(x_BLD, positions_BP), layers.BLD
     )
-    w_DD = self.param(
-      'transform_kernel',
+    h_BPE = layers.dense(
+      self,
+      'transform',
+      x_BPD,
+      (cfg.emb_dim, cfg.token_dim),
       # Only the input dim is sharded: the output dim on 'tensor', next to
       # the (vocab, embed)-sharded tied table, makes jax 0.10's XLA compute
       # wrong gradients on (data, fsdp, tensor) meshes (see
-      # tests/train_test.py). The D x D kernel is small; Megatron leaves it
+      # tests/train_test.py). The D x E kernel is small; Megatron leaves it
       # unsplit too.
-      layers.kernel_init(cfg, ('embed', None)),
-      (cfg.emb_dim, cfg.emb_dim),
-      cfg.jnp_param_dtype,
+      ('embed', None),
+      'BPD,DE->BPE',
+      use_bias=True,
+      std=cfg.initializer_range,
     )
-    b_D = self.param(
-      'transform_bias',
-      layers.zeros_init((None,)),
-      (cfg.emb_dim,),
-      cfg.jnp_param_dtype,
-    )
-    h_BPD = jnp.einsum('BPD,DE->BPE', x_BPD, w_DD.astype(dtype))
-    h_BPD = layers.ACTIVATIONS[cfg.activation](h_BPD + b_D.astype(dtype))
-    h_BPD = layers.layer_norm(cfg, 'transform_norm')(h_BPD)
-    logits_BPV = embed.attend(h_BPD)
+    # BERT's head uses GELU whatever the body's feed-forward uses.
+    act = 'gelu' if cfg.is_glu else cfg.activation
+    h_BPE = layers.ACTIVATIONS[act](h_BPE)
+    h_BPE = layers.norm(cfg, 'transform_norm')(h_BPE)
+    logits_BPV = output_logits(self, h_BPE, embed)
     bias_V = self.param(
       'output_bias',
       layers.zeros_init(('vocab',)),
       (cfg.vocab_size,),
       cfg.jnp_param_dtype,
     )
-    logits_BPV = logits_BPV + bias_V.astype(dtype)
+    logits_BPV = logits_BPV + bias_V.astype(cfg.jnp_dtype)
+    return nn.with_logical_constraint(logits_BPV, layers.BLV)
+
+
+class LmHead(nn.Module):
+  """Next-token logits at every position (GPT-2, T5, BART): no bias.
+
+  With a factorised embedding the states are first projected D -> E.
+  """
+
+  cfg: ModelConfig
+
+  @nn.compact
+  def __call__(self, x_BLD: Array, embed: layers.Embed) -> Array:
+    cfg = self.cfg
+    if cfg.token_dim != cfg.emb_dim:
+      x_BLD = layers.dense(
+        self,
+        'output_projection',
+        x_BLD,
+        (cfg.emb_dim, cfg.token_dim),
+        ('embed', None),
+        'BLD,DE->BLE',
+        use_bias=False,
+        std=cfg.initializer_range,
+      )
     return nn.with_logical_constraint(
-      logits_BPV, ('activation_batch', 'activation_length', 'activation_vocab')
+      output_logits(self, x_BLD, embed), layers.BLV
     )
+
+
+class Pooler(nn.Module):
+  """BERT's pooler: tanh(dense) of the first token's state."""
+
+  cfg: ModelConfig
+
+  @nn.compact
+  def __call__(self, x_BLD: Array) -> Array:
+    cfg = self.cfg
+    y_BD = layers.dense(
+      self,
+      'pooler',
+      x_BLD[:, 0],
+      (cfg.emb_dim, cfg.emb_dim),
+      ('embed', None),
+      'BD,DE->BE',
+      use_bias=True,
+      std=cfg.initializer_range,
+    )
+    return jnp.tanh(y_BD)

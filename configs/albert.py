@@ -1,0 +1,54 @@
+r"""ALBERT pretraining (Lan et al., 2020): factorised embedding, shared layers.
+
+Run it (from the repository root):
+
+  python -m pretrain_lm.main --config=configs/albert.py:size=tiny \
+      --workdir=/tmp/albert_tiny
+
+Args: `size` is a key of SIZES['albert'] (tiny, base, large, xlarge).
+
+The architecture is BERT's post-LN encoder with ALBERT's two parameter
+savers: a 128-wide token table projected to the hidden width (E=128 ->
+H=768 for base), and one set of layer weights applied at every layer;
+`base` has 11.7M parameters (body and pooler) with the 30,000 vocab. The
+MLM head maps back to E and is tied to the table. ALBERT's LAMB optimizer
+and sentence-order prediction belong to later issues; the loss is MLM.
+"""
+
+from pretrain_lm import configlib
+from pretrain_lm.models import config as model_config
+
+
+def get_config(arg=None):
+  """The ALBERT config for `arg` (e.g. 'size=base')."""
+  arg = configlib.parse_arg(arg, size='base')
+  c = configlib.base_config()
+  c.model.family = 'encoder'
+  c.model.size = arg.size
+  c.model.update(model_config.size_preset(arg.size, 'albert'))
+  c.model.vocab_size = 30000
+  c.model.embed_dim = 128
+  c.model.share_layers = True
+  c.model.pooler = True
+  c.model.max_len = 512
+  c.model.activation = 'gelu_tanh'  # ALBERT's gelu_new
+  c.model.norm_position = 'post'
+  # ALBERT v2 drops dropout: it found it hurts large-batch pretraining.
+  c.model.dropout_rate = 0.0
+  c.model.attention_dropout_rate = 0.0
+
+  c.objective.name = 'mlm'
+
+  c.data.seq_len = 512
+  c.data.batch_size = 4096
+  c.data.packing = 'doc_sentences'
+
+  c.optimizer.learning_rate = 0.00176
+  c.optimizer.warmup_steps = 3125
+  c.optimizer.weight_decay = 0.01
+  c.train.num_steps = 125_000
+
+  if arg.size == 'tiny':
+    configlib.laptop_schedule(c)
+    c.model.embed_dim = 64
+  return configlib.lock(c)

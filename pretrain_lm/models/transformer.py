@@ -1,0 +1,295 @@
+"""The layer stack every family is built from: embeddings, layers, masks.
+
+An encoder is a bidirectional Stack, a decoder a causal one, and the
+decoder of an encoder-decoder a causal Stack with cross-attention. The
+config's variant switches (norm position and type, positions, sharing,
+scan, remat) all act here, so every family gets every variant.
+"""
+
+import jax
+import jax.numpy as jnp
+from flax import linen as nn
+
+from pretrain_lm.models import layers
+from pretrain_lm.models.config import ModelConfig
+
+Array = jax.Array
+
+REMAT_POLICIES = {
+  # Recompute everything in the backward pass: least memory.
+  'full': jax.checkpoint_policies.nothing_saveable,
+  # Keep matmul outputs, recompute the cheap element-wise ops.
+  'dots': jax.checkpoint_policies.checkpoint_dots,
+  'dots_no_batch': jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
+
+
+class Embedder(nn.Module):
+  """Token + position + token-type embeddings, at the table width E.
+
+  Learned positions are looked up, sinusoidal ones added (Vaswani et al.);
+  relative and rotary positions act inside attention instead.
+  """
+
+  cfg: ModelConfig
+  token_embed: layers.Embed
+
+  @nn.compact
+  def __call__(
+    self,
+    ids_BL: Array,
+    positions_BL: Array,
+    type_ids_BL: Array | None,
+    deterministic: bool,
+  ) -> Array:
+    cfg = self.cfg
+    E = cfg.token_dim
+    x_BLE = self.token_embed(ids_BL)
+    if cfg.embed_scale:
+      x_BLE = x_BLE * jnp.sqrt(E).astype(x_BLE.dtype)
+    if cfg.position == 'learned':
+      x_BLE = x_BLE + layers.Embed(
+        cfg.max_len, cfg, E, ('position', 'embed'), name='position_embed'
+      )(positions_BL)
+    elif cfg.position == 'sinusoidal':
+      x_BLE = x_BLE + layers.sinusoidal(positions_BL, E, x_BLE.dtype)
+    if cfg.type_vocab_size:
+      if type_ids_BL is None:
+        type_ids_BL = jnp.zeros_like(ids_BL)
+      x_BLE = x_BLE + layers.Embed(
+        cfg.type_vocab_size,
+        cfg,
+        E,
+        ('type_vocab', 'embed'),
+        name='token_type_embed',
+      )(type_ids_BL)
+    if cfg.embed_norm:
+      x_BLE = layers.norm(cfg, 'embed_norm')(x_BLE)
+    x_BLE = nn.Dropout(cfg.dropout_rate)(x_BLE, deterministic=deterministic)
+    return nn.with_logical_constraint(x_BLE, layers.BLD)
+
+
+class TransformerLayer(nn.Module):
+  """Self-attention (+ cross-attention) + feed-forward, post- or pre-LN.
+
+  Post-LN (BERT, BART): x = norm(x + f(x)). Pre-LN (GPT-2, T5):
+  x = x + f(norm(x)). `ctx` holds the stack-wide arrays (masks, positions,
+  the relative-bias table, the encoder output) so nn.scan can broadcast it.
+  """
+
+  cfg: ModelConfig
+  num_layers: int  # of this stack, for GPT-2's residual init
+  causal: bool
+  cross_attention: bool
+  deterministic: bool
+  decode: bool = False
+
+  @nn.compact
+  def __call__(self, x_BLD: Array, ctx: dict) -> tuple[Array, None]:
+    cfg, det = self.cfg, self.deterministic
+    out_std = layers.residual_std(cfg, self.num_layers)
+    dropout = nn.Dropout(cfg.dropout_rate)
+
+    def self_attention(h):
+      return layers.MultiHeadAttention(
+        cfg, out_std, decode=self.decode, name='attention'
+      )(
+        h,
+        h,
+        mask=ctx['mask'],
+        deterministic=det,
+        q_pos_BL=ctx['positions'],
+        k_pos_BS=ctx['positions'],
+        rel_table=ctx['rel_table'],
+        bidirectional=not self.causal,
+      )
+
+    def cross_attention(h):
+      return layers.MultiHeadAttention(cfg, out_std, name='cross_attention')(
+        h, ctx['encoded'], mask=ctx['cross_mask'], deterministic=det
+      )
+
+    def mlp(h):
+      return layers.Mlp(cfg, out_std, name='mlp')(h, det)
+
+    blocks = [('attention', self_attention)]
+    if self.cross_attention:
+      blocks.append(('cross_attention', cross_attention))
+    blocks.append(('mlp', mlp))
+    for name, block in blocks:
+      norm = layers.norm(cfg, f'{name}_norm')
+      if cfg.norm_position == 'post':
+        x_BLD = norm(x_BLD + dropout(block(x_BLD), deterministic=det))
+      else:
+        x_BLD = x_BLD + dropout(block(norm(x_BLD)), deterministic=det)
+    return nn.with_logical_constraint(x_BLD, layers.BLD), None
+
+
+def attention_mask(
+  q_segments_BL: Array, k_segments_BS: Array, causal: bool
+) -> Array:
+  """[B, 1, L, S]: same packed segment, real key (segment > 0), causal."""
+  mask = q_segments_BL[:, :, None] == k_segments_BS[:, None, :]
+  mask = jnp.logical_and(mask, (k_segments_BS != 0)[:, None, :])
+  if causal:
+    L, S = q_segments_BL.shape[1], k_segments_BS.shape[1]
+    mask = jnp.logical_and(mask, jnp.tril(jnp.ones((L, S), bool)))
+  return mask[:, None]
+
+
+class Stack(nn.Module):
+  """Embeddings, then num_layers TransformerLayers, then (pre-LN) a norm."""
+
+  cfg: ModelConfig
+  embedder: Embedder
+  num_layers: int
+  causal: bool
+  cross_attention: bool = False
+  decode: bool = False
+
+  @nn.compact
+  def __call__(
+    self,
+    ids_BL: Array,
+    *,
+    segment_ids_BL: Array,
+    positions_BL: Array,
+    deterministic: bool,
+    type_ids_BL: Array | None = None,
+    encoded_BSD: Array | None = None,
+    encoder_segment_ids_BS: Array | None = None,
+  ) -> Array:
+    cfg = self.cfg
+    L = ids_BL.shape[1]
+    if cfg.position == 'learned' and cfg.max_len < L:
+      raise ValueError(
+        f'Sequence length {L} exceeds model.max_len={cfg.max_len} (the '
+        'position table); lower data.seq_len or raise model.max_len.'
+      )
+    x = self.embedder(ids_BL, positions_BL, type_ids_BL, deterministic)
+    if x.shape[-1] != cfg.emb_dim:  # factorised embedding (ALBERT): E -> D
+      x = layers.dense(
+        self,
+        'embed_projection',
+        x,
+        (x.shape[-1], cfg.emb_dim),
+        (None, 'embed'),
+        'BLE,ED->BLD',
+        use_bias=True,
+        std=cfg.initializer_range,
+      )
+    x_BLD = nn.with_logical_constraint(x, layers.BLD)
+
+    ctx = {
+      # While decoding, the attention cache builds the causal mask itself.
+      'mask': None
+      if self.decode
+      else attention_mask(segment_ids_BL, segment_ids_BL, self.causal),
+      'positions': positions_BL,
+      'rel_table': None,
+      'encoded': encoded_BSD,
+      'cross_mask': None,
+    }
+    if self.cross_attention:
+      ctx['cross_mask'] = attention_mask(
+        segment_ids_BL, encoder_segment_ids_BS, causal=False
+      )
+    if cfg.position == 'relative':
+      # One bucket table per stack, shared by its layers (T5).
+      ctx['rel_table'] = self.param(
+        'relative_bias',
+        layers.kernel_init(cfg.initializer_range, (None, 'heads')),
+        (cfg.relative_buckets, cfg.num_heads),
+        cfg.jnp_param_dtype,
+      )
+
+    x_BLD = self._layers(x_BLD, ctx, deterministic)
+    if cfg.norm_position == 'pre':
+      x_BLD = layers.norm(cfg, 'final_norm')(x_BLD)
+    return x_BLD
+
+  def _layers(self, x_BLD: Array, ctx: dict, deterministic: bool) -> Array:
+    """Applies the layers: shared, scanned or unrolled, optionally remat."""
+    cfg = self.cfg
+    layer_cls = TransformerLayer
+    if cfg.remat != 'none':
+      # prevent_cse is unneeded inside scan and costs speed there.
+      layer_cls = nn.remat(
+        layer_cls,
+        policy=REMAT_POLICIES[cfg.remat],
+        prevent_cse=not cfg.scan_layers,
+      )
+    kwargs = dict(
+      cfg=cfg,
+      num_layers=self.num_layers,
+      causal=self.causal,
+      cross_attention=self.cross_attention,
+      deterministic=deterministic,
+      decode=self.decode,
+    )
+    if cfg.share_layers:
+      # ALBERT: one set of weights applied num_layers times, scanned with
+      # the params broadcast; each application keeps its own decode cache.
+      shared = nn.scan(
+        layer_cls,
+        variable_broadcast='params',
+        variable_axes={'cache': 1},
+        split_rngs={'params': False, 'dropout': True},
+        in_axes=nn.broadcast,
+        length=self.num_layers,
+      )
+      x_BLD, _ = shared(**kwargs, name='shared_layer')(x_BLD, ctx)
+    elif cfg.scan_layers:
+      # One compiled layer body; parameters stacked on a leading 'layers'
+      # axis, caches on axis 1 so that their batch axis stays first.
+      scanned = nn.scan(
+        layer_cls,
+        variable_axes={'params': 0, 'cache': 1},
+        split_rngs={'params': True, 'dropout': True},
+        in_axes=nn.broadcast,
+        length=self.num_layers,
+        metadata_params={nn.PARTITION_NAME: 'layers'},
+      )
+      x_BLD, _ = scanned(**kwargs, name='layers')(x_BLD, ctx)
+    else:
+      for i in range(self.num_layers):
+        x_BLD, _ = layer_cls(**kwargs, name=f'layer_{i}')(x_BLD, ctx)
+    return x_BLD
+
+
+def stack_flops_per_token(
+  cfg: ModelConfig, num_layers: int, seq_len: int, cross_len: int = 0
+) -> float:
+  """Training FLOPs per token of one stack's layers (PaLM, App. B).
+
+  A matmul with N weights costs 2N FLOPs per token forward and 4N backward,
+  6N in all. Counted per layer: the attention and MLP projections
+  (4·D·H·K + 2·D·F, or 3·D·F with a GLU), the score and value products of
+  attention (2 matmuls of L·H·K per token, 6·2·L·H·K) computed over the full
+  L x L square even when causal, and, with cross-attention, its projections
+  and products over the cross_len encoder positions. The factorised
+  embedding projection adds 6·E·D. Embedding lookups, norms and softmax are
+  not matmuls and, as in the MFU convention, are left out.
+  """
+  D, H, K, F = cfg.emb_dim, cfg.num_heads, cfg.head_dim, cfg.mlp_dim
+  mlp = (3 if cfg.is_glu else 2) * D * F
+  per_layer = 6 * (4 * D * H * K + mlp) + 12 * seq_len * H * K
+  if cross_len:
+    per_layer += 6 * 4 * D * H * K + 12 * cross_len * H * K
+  projection = 6 * cfg.token_dim * D if cfg.token_dim != D else 0
+  return float(num_layers * per_layer + projection)
+
+
+def default_positions(segment_ids_BL: Array) -> Array:
+  """0, 1, 2, ... within each run of equal segment ids (packed rows)."""
+  L = segment_ids_BL.shape[1]
+  index = jnp.broadcast_to(jnp.arange(L), segment_ids_BL.shape)
+  start = jnp.concatenate(
+    [
+      jnp.ones_like(segment_ids_BL[:, :1], bool),
+      segment_ids_BL[:, 1:] != segment_ids_BL[:, :-1],
+    ],
+    axis=1,
+  )
+  first = jax.lax.cummax(jnp.where(start, index, 0), axis=1)
+  return index - first
