@@ -12,7 +12,9 @@ prediction; FULL-SENTENCES packing (rows filled with whole documents back to
 back, a separator between documents) at length 512; dynamic masking; batch 8k
 sequences with peak lr 6e-4 (base) / 4e-4 (large), Adam b2 0.98, warmup 24k
 (base) / 30k (large) over 500k steps; a 50k byte-level BPE vocabulary (here a
-SentencePiece BPE model trained on the data).
+SentencePiece BPE model trained on the data). One deviation: a token here
+attends only to its own document within a packed row (segment ids, as in
+T5X), where RoBERTa let documents of one row see each other.
 """
 
 from pretrain_lm import configlib

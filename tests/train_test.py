@@ -167,7 +167,7 @@ def test_param_shardings_follow_rule_table(tmp_path, tokenizer_path):
   params = state.params
   expected = {
     ('token_embed', 'embedding'): P('tensor', 'fsdp'),  # vocab, embed
-    ('encoder', 'position_embed', 'embedding'): P(None, 'fsdp'),
+    ('embeddings', 'position_embed', 'embedding'): P(None, 'fsdp'),
     ('encoder', 'layer_0', 'attention', 'query_kernel'): P(
       'fsdp', 'tensor', None
     ),  # embed, heads, kv
