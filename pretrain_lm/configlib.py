@@ -49,7 +49,8 @@ def base_config() -> ml_collections.ConfigDict:
   # Architecture: the fields of pretrain_lm.models.config.ModelConfig, filled
   # from its SIZES table by the family config file.
   c.model = ml_collections.ConfigDict()
-  c.model.family = 'encoder'  # encoder | decoder | encoder_decoder | electra
+  # encoder | decoder | encoder_decoder | electra | bilm | plm (XLNet)
+  c.model.family = 'encoder'
   c.model.size = ''  # the SIZES preset the dimensions came from (a label)
   c.model.vocab_size = 30522
   c.model.num_layers = 12  # per stack
@@ -91,12 +92,47 @@ def base_config() -> ml_collections.ConfigDict:
   c.model.dtype = 'float32'  # activations; 'bfloat16' on accelerators
   c.model.param_dtype = 'float32'
 
+  # The objective and its parameters; each objective reads its own fields
+  # (pretrain_lm/objectives/<name>.py says which).
   c.objective = ml_collections.ConfigDict()
   c.objective.name = 'mlm'  # key of pretrain_lm.objectives.OBJECTIVES
+  # mlm (and electra's generator input)
   c.objective.mask_rate = 0.15  # fraction of non-special tokens predicted
   c.objective.mask_token_rate = 0.8  # of those: replaced by [MASK]
   c.objective.random_token_rate = 0.1  # of those: a random token; rest kept
-  c.objective.disc_weight = 50.0  # electra: lambda of the discriminator loss
+  # 'token' (BERT), 'whole_word' (every piece of a chosen word) or 'span'
+  # (SpanBERT: whole-word spans, lengths ~ Geometric(span_p) <= max_span).
+  c.objective.masking = 'token'
+  c.objective.span_p = 0.2
+  c.objective.max_span = 10
+  # '' (MLM alone), 'nsp' (BERT's next-sentence prediction) or 'sop'
+  # (ALBERT's sentence-order prediction); both need model.pooler.
+  c.objective.sentence_task = ''
+  # electra: lambda of the discriminator loss
+  c.objective.disc_weight = 50.0
+  # span_corruption (T5) and ul2's span denoisers
+  c.objective.noise_density = 0.15
+  c.objective.mean_span_length = 3.0
+  c.objective.num_sentinels = 100  # ids reserved after the tokenizer's
+  # ul2: 'mode:mean_span:density:weight' per denoiser (mode R, S or X; S is
+  # a prefix LM whose density is the mean target fraction).
+  c.objective.denoisers = (
+    'R:3:0.15:1,R:8:0.15:1,S:0:0.25:1,X:3:0.5:1,X:8:0.5:1,X:64:0.15:1,'
+    'X:64:0.5:1'
+  )
+  # denoising (BART): each noise has a rate; 0 switches it off.
+  c.objective.infill_rate = 0.3  # text infilling: fraction of tokens
+  c.objective.poisson_lambda = 3.5  # its span lengths
+  c.objective.infill_random_rate = 0.1  # spans -> random token, not [MASK]
+  c.objective.permute_sentences = 1.0  # fraction of sentences permuted
+  c.objective.rotate_rate = 0.0  # probability of document rotation
+  c.objective.delete_rate = 0.0  # token deletion
+  c.objective.token_mask_rate = 0.0  # token masking
+  # prefix_lm: the prefix is Uniform over [min_prefix, 1 - min_prefix] of
+  # each document.
+  c.objective.min_prefix = 0.0
+  # plm (XLNet): predict the last 1/plm_k of each factorisation order.
+  c.objective.plm_k = 6
 
   c.data = ml_collections.ConfigDict()
   # Comma-separated local paths/globs, or 'tfds:name[/config][:version]'. A

@@ -19,7 +19,7 @@ from jax.experimental import multihost_utils
 
 from pretrain_lm import checkpoint as checkpoint_lib
 from pretrain_lm import metrics as metrics_lib
-from pretrain_lm import sharding
+from pretrain_lm import objectives, sharding
 from pretrain_lm.data import pipeline
 from pretrain_lm.data import tokenizer as tokenizer_lib
 from pretrain_lm.models import MODELS, ModelConfig
@@ -240,20 +240,20 @@ class Trainer:
       yield
 
   def _setup_tokenizer(self) -> tokenizer_lib.Tokenizer:
+    # Ids an objective reserves (T5's sentinels) stay out of the tokenizer.
+    kwargs = dict(
+      vocab_size=self.config.model.vocab_size,
+      workdir=self.workdir,
+      reserved_ids=objectives.num_reserved_ids(
+        OBJECTIVES[self.config.objective.name], self.config.objective
+      ),
+    )
     if self.is_chief:
-      tokenizer_lib.setup_tokenizer(
-        self.config.data,
-        vocab_size=self.config.model.vocab_size,
-        workdir=self.workdir,
-        is_chief=True,
-      )
+      tokenizer_lib.setup_tokenizer(self.config.data, **kwargs, is_chief=True)
     # Other hosts wait for the chief's file, then everyone loads the same one.
     multihost_utils.sync_global_devices('tokenizer ready')
     return tokenizer_lib.setup_tokenizer(
-      self.config.data,
-      vocab_size=self.config.model.vocab_size,
-      workdir=self.workdir,
-      is_chief=False,
+      self.config.data, **kwargs, is_chief=False
     )
 
   def checkpoint_meta(self, state: TrainState) -> dict[str, Any]:
@@ -335,7 +335,7 @@ class Trainer:
       for k, v in totals.items()
       if k != 'num_predictions'
     }
-    out['eval_perplexity'] = float(np.exp(min(out['eval_loss'], 50.0)))
+    out['eval_perplexity'] = _perplexity(out, prefix='eval_')
     return out
 
   def run(self) -> TrainState:
@@ -412,6 +412,17 @@ class Trainer:
     return state
 
 
+# The token cross-entropy a perplexity means something for: the MLM part of
+# a joint loss (NSP/SOP, ELECTRA), a biLM's forward direction, else the
+# loss itself.
+_PERPLEXITY_OF = ('mlm_loss', 'forward_loss', 'loss')
+
+
+def _perplexity(metrics: dict[str, float], prefix: str = '') -> float:
+  name = next(k for k in _PERPLEXITY_OF if prefix + k in metrics)
+  return float(np.exp(min(metrics[prefix + name], 50.0)))
+
+
 def _write_run_files(config: ml_collections.ConfigDict, workdir: str) -> None:
   """Stores the resolved config and, per start, commit and versions."""
   tf.io.gfile.makedirs(workdir)
@@ -461,7 +472,7 @@ class _Throughput:
   def summarize(self, window: list[dict], step: int) -> dict[str, float]:
     now = time.perf_counter()
     out = {k: float(np.mean([m[k] for m in window])) for k in window[0]}
-    out['perplexity'] = float(np.exp(min(out['loss'], 50.0)))
+    out['perplexity'] = _perplexity(out)
     # The first window includes compilation; speed is reported from the next.
     if self.last_step is not None:
       tokens_per_s = (

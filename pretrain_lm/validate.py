@@ -62,6 +62,9 @@ def check_config(config: ml_collections.ConfigDict) -> None:
     'objective.mask_token_rate + objective.random_token_rate must be '
     '<= 1 (the rest is kept unchanged).',
   )
+  # The objective's own fields (its rates, the packing it needs).
+  if hasattr(objective, 'check_config'):
+    objective.check_config(config)
 
   sources.check_source(d.source, 'data.source', tfds_data_dir=d.tfds_data_dir)
   if d.eval_source:

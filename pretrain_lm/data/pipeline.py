@@ -28,6 +28,7 @@ PACKINGS = ('full_sentences', 'doc_sentences', 'concat')
 # Salts that keep the shuffle seeds and the per-row seeds independent.
 _SHUFFLE_SALT = 0x5EED
 _ROW_SALT = 0xA5C
+_PARTNER_SALT = 0x9A1
 _AUTOTUNE = tf.data.AUTOTUNE
 # The shortest row each packing can put a token in: [CLS] token [SEP], or
 # token [SEP] for 'concat'.
@@ -393,11 +394,32 @@ def train_dataset(
     lambda epoch: _epoch(rows, data_config, epoch)
   )
   stream = stream.skip(skip)
+  partnered = objectives.needs_partner(objective, config.objective)
+  if partnered:
+    if batch < 2:
+      raise ValueError(
+        f'objective.sentence_task={config.objective.sentence_task!r} pairs '
+        'rows within a host batch and needs at least 2 rows per host; '
+        f'data.batch_size={data_config.batch_size} gives {batch}.'
+      )
+    # Each row's partner is the row before it in its batch (the first's
+    # the last): a random other row of the shuffled epoch, at no extra
+    # tokenizing. Resumes start at a batch boundary, so pairs replay.
+    stream = stream.batch(batch, drop_remainder=True).map(
+      lambda epoch, index, rows: (
+        epoch,
+        index,
+        rows,
+        {k: tf.roll(v, 1, axis=0) for k, v in rows.items()},
+      )
+    )
+    stream = stream.unbatch()
 
-  def transform(epoch, index, row):
+  def transform(epoch, index, row, partner=None):
     seed = _row_seed(data_config.seed, epoch, index)
+    kwargs = {'partner': partner} if partnered else {}
     return objective.transform(
-      row, seed, config=config.objective, tokenizer=tokenizer
+      row, seed, config=config.objective, tokenizer=tokenizer, **kwargs
     )
 
   stream = stream.map(
@@ -444,15 +466,28 @@ def eval_batches(
     process_count=process_count,
   )
 
-  def transform(index, row):
+  partnered = objectives.needs_partner(objective, config.objective)
+
+  def transform(index, row, partner=None):
     seed = _row_seed(data_config.seed, 0, index)
+    kwargs = {'partner': partner} if partnered else {}
     return objective.transform(
-      row, seed, config=config.objective, tokenizer=tokenizer
+      row, seed, config=config.objective, tokenizer=tokenizer, **kwargs
     )
 
-  ds = rows.enumerate().map(
-    transform, num_parallel_calls=_AUTOTUNE, deterministic=True
-  )
+  ds = rows.enumerate()
+  if partnered:
+    # Eval rows are in document order, so a neighbour would be the same
+    # document: partners come from a fixed shuffle of the split instead.
+    partners = rows.shuffle(
+      data_config.shuffle_buffer,
+      seed=data_config.seed ^ _PARTNER_SALT,
+      reshuffle_each_iteration=False,
+    )
+    ds = tf.data.Dataset.zip(ds, partners).map(
+      lambda indexed, partner: (*indexed, partner)
+    )
+  ds = ds.map(transform, num_parallel_calls=_AUTOTUNE, deterministic=True)
   ds = ds.batch(batch, drop_remainder=True).take(data_config.eval_batches)
   batches = list(ds.with_options(_options()).as_numpy_iterator())
   if len(batches) < data_config.eval_batches:

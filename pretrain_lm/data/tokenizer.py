@@ -114,6 +114,15 @@ class Tokenizer:
     """Text of `ids`, skipping [PAD]."""
     raise NotImplementedError
 
+  def piece_texts(self) -> list[str]:
+    """The text each id stands for, '' for the special tokens.
+
+    A piece that starts a word starts with a space (SentencePiece's '▁'
+    becomes ' '), so objectives can find word and sentence boundaries
+    (whole-word masking, BART's sentence permutation) from ids alone.
+    """
+    raise NotImplementedError
+
   def model_bytes(self) -> bytes:
     """The tokenizer file's content."""
     return self._model_bytes
@@ -172,6 +181,15 @@ class SentencePieceTokenizer(Tokenizer):
 
   def decode(self, ids: Iterable[int]) -> str:
     return self._sp.decode([int(i) for i in ids if int(i) != self.pad_id])
+
+  def piece_texts(self) -> list[str]:
+    texts = []
+    for i in range(self.vocab_size):
+      if self._sp.is_control(i) or self._sp.is_unknown(i) or i == self.mask_id:
+        texts.append('')
+      else:
+        texts.append(self._sp.id_to_piece(i).replace('\u2581', ' '))
+    return texts
 
   def tf_tokenizer(self) -> tf_text.SentencepieceTokenizer:
     return tf_text.SentencepieceTokenizer(
@@ -258,6 +276,9 @@ class CharTokenizer(Tokenizer):
         )
       pieces.append(self._pieces[i])
     return ''.join(pieces)
+
+  def piece_texts(self) -> list[str]:
+    return [''] * self.first_normal_id + list(self._chars)
 
   def tf_tokenizer(self) -> CharTfTokenizer:
     return CharTfTokenizer(self._chars, self.first_normal_id, self.unk_id)
@@ -408,6 +429,7 @@ def setup_tokenizer(
   vocab_size: int,
   workdir: str,
   is_chief: bool = True,
+  reserved_ids: int = 0,
 ) -> Tokenizer:
   """The run's tokenizer, stored as `workdir/tokenizer.model`.
 
@@ -419,10 +441,19 @@ def setup_tokenizer(
     vocab_size: model.vocab_size, the rows of the embedding table.
     workdir: the run's directory.
     is_chief: whether this is process 0.
+    reserved_ids: ids the objective needs after the tokenizer's (T5's
+      sentinels): a new tokenizer gets vocab_size - reserved_ids at most.
 
   Returns:
-    The tokenizer, with vocab_size <= `vocab_size`.
+    The tokenizer, with vocab_size <= `vocab_size` - `reserved_ids`.
   """
+  room = vocab_size - reserved_ids
+  if room <= len(SPECIAL_PIECES):
+    raise ValueError(
+      f'model.vocab_size={vocab_size} leaves {room} ids for the tokenizer '
+      f'after the {reserved_ids} ids the objective reserves; raise '
+      'model.vocab_size.'
+    )
   path = os.path.join(workdir, WORKDIR_FILENAME)
   # Resume order: (1) the workdir's tokenizer, since a resumed run must keep
   # the ids its checkpoints were trained with; (2) data.tokenizer, copied into
@@ -432,7 +463,7 @@ def setup_tokenizer(
     tokenizer = load_tokenizer(path)
   elif data_config.tokenizer:
     tokenizer = load_tokenizer(data_config.tokenizer)
-    _check_fits(tokenizer, vocab_size)
+    _check_fits(tokenizer, vocab_size, reserved_ids)
     tf.io.gfile.makedirs(workdir)
     tf.io.gfile.copy(data_config.tokenizer, path, overwrite=True)
     tokenizer = load_tokenizer(path)
@@ -440,7 +471,7 @@ def setup_tokenizer(
     logging.info(
       'Training a %s tokenizer (vocab %d) on %s.',
       data_config.tokenizer_type,
-      vocab_size,
+      room,
       data_config.source,
     )
     texts = sources.iter_texts(
@@ -449,19 +480,27 @@ def setup_tokenizer(
     tokenizer = train_tokenizer(
       texts,
       path,
-      vocab_size=vocab_size,
+      vocab_size=room,
       model_type=data_config.tokenizer_type,
       seed=data_config.seed,
     )
-  _check_fits(tokenizer, vocab_size)
+  _check_fits(tokenizer, vocab_size, reserved_ids)
   return tokenizer
 
 
-def _check_fits(tokenizer: Tokenizer, vocab_size: int) -> None:
+def _check_fits(
+  tokenizer: Tokenizer, vocab_size: int, reserved_ids: int = 0
+) -> None:
   """Raises if the model's embedding table has no row for some token id."""
-  if tokenizer.vocab_size > vocab_size:
+  if tokenizer.vocab_size + reserved_ids > vocab_size:
+    reserved = (
+      f' plus the {reserved_ids} ids the objective reserves'
+      if reserved_ids
+      else ''
+    )
     raise ValueError(
-      f'Tokenizer {tokenizer.path!r} has {tokenizer.vocab_size} tokens, '
-      f'more than model.vocab_size={vocab_size}; set '
-      f'--config.model.vocab_size={tokenizer.vocab_size} or larger.'
+      f'Tokenizer {tokenizer.path!r} has {tokenizer.vocab_size} tokens'
+      f'{reserved}, more than model.vocab_size={vocab_size}; set '
+      f'--config.model.vocab_size={tokenizer.vocab_size + reserved_ids} or '
+      'larger.'
     )

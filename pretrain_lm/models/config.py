@@ -7,7 +7,15 @@ import jax.numpy as jnp
 
 # Valid values of the string-choice fields, checked at construction.
 CHOICES = {
-  'family': ('encoder', 'decoder', 'encoder_decoder', 'electra'),
+  # The keys of pretrain_lm.models.MODELS (a test checks they agree).
+  'family': (
+    'encoder',
+    'decoder',
+    'encoder_decoder',
+    'electra',
+    'bilm',
+    'plm',
+  ),
   'norm_type': ('layernorm', 'rmsnorm'),
   'norm_position': ('pre', 'post'),
   'activation': ('relu', 'gelu', 'gelu_tanh', 'silu', 'geglu', 'swiglu'),

@@ -36,7 +36,9 @@ class DecoderModel(nn.Module):
 
   With `decode`, a call takes new tokens `input_ids` [B, T] at `positions`
   [B, T] (the same start in every row), appends their keys and values to
-  the 'cache' collection and returns their logits.
+  the 'cache' collection and returns their logits. A training batch may
+  carry `prefix_mask` int32[B, L] (prefix LM, UL2): tokens marked 1 attend
+  to each other bidirectionally within their document.
   """
 
   cfg: ModelConfig
@@ -55,7 +57,11 @@ class DecoderModel(nn.Module):
     ids = batch['input_ids']
     inputs = decoder_inputs(batch)
     hidden = self.decoder(
-      ids, type_ids_BL=None, deterministic=deterministic, **inputs
+      ids,
+      type_ids_BL=None,
+      deterministic=deterministic,
+      prefix_BL=batch.get('prefix_mask'),
+      **inputs,
     )
     return {'hidden': hidden, 'logits': self.lm_head(hidden, self.token_embed)}
 

@@ -31,8 +31,9 @@ class EncoderModel(nn.Module):
   """Encoder body, optional pooler, and the MLM head tied to the tokens.
 
   Takes a feature dict from the objective's tf.data transform and returns a
-  dict: `hidden` [B, L, D] always, `pooled` [B, D] with model.pooler, and
-  `mlm_logits` [B, P, V] when the batch has `masked_positions`.
+  dict: `hidden` [B, L, D] always, `pooled` [B, D] with model.pooler,
+  `mlm_logits` [B, P, V] when the batch has `masked_positions`, and
+  `sentence_logits` [B, 2] (NSP/SOP) when it has `sentence_labels`.
   """
 
   cfg: ModelConfig
@@ -46,6 +47,8 @@ class EncoderModel(nn.Module):
     )
     if cfg.pooler:
       self.pooler = heads.Pooler(cfg)
+      # Its parameters exist only in runs whose batches ask for it.
+      self.sentence_head = heads.SentenceHead(cfg)
     self.mlm_head = heads.MlmHead(cfg)
 
   def __call__(self, batch: dict[str, Array], *, deterministic: bool):
@@ -58,6 +61,8 @@ class EncoderModel(nn.Module):
     outputs = {'hidden': hidden}
     if self.cfg.pooler:
       outputs['pooled'] = self.pooler(hidden)
+      if 'sentence_labels' in batch:
+        outputs['sentence_logits'] = self.sentence_head(outputs['pooled'])
     if 'masked_positions' in batch:
       outputs['mlm_logits'] = self.mlm_head(
         hidden, batch['masked_positions'], self.token_embed
@@ -76,4 +81,6 @@ class EncoderModel(nn.Module):
     body = transformer.stack_flops_per_token(cfg, cfg.num_layers, L) * L
     head = 6 * (cfg.emb_dim + cfg.vocab_size) * cfg.token_dim * P
     pooler = 6 * cfg.emb_dim**2 if cfg.pooler else 0
+    if cfg.pooler and 'sentence_labels' in shapes:
+      pooler += 6 * cfg.emb_dim * 2
     return float(B * (body + head + pooler))

@@ -128,3 +128,25 @@ class Pooler(nn.Module):
       std=cfg.initializer_range,
     )
     return jnp.tanh(y_BD)
+
+
+class SentenceHead(nn.Module):
+  """A 2-way classifier on the pooled output: BERT's next-sentence (and
+  ALBERT's sentence-order) prediction, `cls/seq_relationship`."""
+
+  cfg: ModelConfig
+
+  @nn.compact
+  def __call__(self, pooled_BD: Array) -> Array:
+    cfg = self.cfg
+    logits = layers.dense(
+      self,
+      'sentence',
+      pooled_BD,
+      (cfg.emb_dim, 2),
+      ('embed', None),
+      'BD,DC->BC',
+      use_bias=True,
+      std=cfg.initializer_range,
+    )
+    return logits.astype(jnp.float32)

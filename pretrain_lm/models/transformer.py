@@ -75,6 +75,9 @@ class TransformerLayer(nn.Module):
   Post-LN (BERT, BART): x = norm(x + f(x)). Pre-LN (GPT-2, T5):
   x = x + f(norm(x)). `ctx` holds the stack-wide arrays (masks, positions,
   the relative-bias table, the encoder output) so nn.scan can broadcast it.
+  With ctx['kv'] (and 'kv_positions') self-attention reads its keys and
+  values from there instead of x, through the same norm: XLNet's query
+  stream attends to the content stream with the same weights.
   """
 
   cfg: ModelConfig
@@ -83,6 +86,7 @@ class TransformerLayer(nn.Module):
   cross_attention: bool
   deterministic: bool
   decode: bool = False
+  emit_state: bool = False  # also return the output as the scan's `ys`
 
   @nn.compact
   def __call__(self, x_BLD: Array, ctx: dict) -> tuple[Array, None]:
@@ -90,26 +94,29 @@ class TransformerLayer(nn.Module):
     out_std = layers.residual_std(cfg, self.num_layers)
     dropout = nn.Dropout(cfg.dropout_rate)
 
-    def self_attention(h):
+    def self_attention(h, norm):
+      kv = h if ctx.get('kv') is None else norm(ctx['kv'])
       return layers.MultiHeadAttention(
         cfg, out_std, decode=self.decode, name='attention'
       )(
         h,
-        h,
+        kv,
         mask=ctx['mask'],
         deterministic=det,
         q_pos_BL=ctx['positions'],
-        k_pos_BS=ctx['positions'],
+        k_pos_BS=ctx.get('kv_positions', ctx['positions']),
         rel_table=ctx['rel_table'],
         bidirectional=not self.causal,
       )
 
-    def cross_attention(h):
+    def cross_attention(h, norm):
+      del norm
       return layers.MultiHeadAttention(cfg, out_std, name='cross_attention')(
         h, ctx['encoded'], mask=ctx['cross_mask'], deterministic=det
       )
 
-    def mlp(h):
+    def mlp(h, norm):
+      del norm
       return layers.Mlp(cfg, out_std, name='mlp')(h, det)
 
     blocks = [('attention', self_attention)]
@@ -119,26 +126,46 @@ class TransformerLayer(nn.Module):
     for name, block in blocks:
       norm = layers.norm(cfg, f'{name}_norm')
       if cfg.norm_position == 'post':
-        x_BLD = norm(x_BLD + dropout(block(x_BLD), deterministic=det))
+        h = block(x_BLD, lambda kv: kv)
+        x_BLD = norm(x_BLD + dropout(h, deterministic=det))
       else:
-        x_BLD = x_BLD + dropout(block(norm(x_BLD)), deterministic=det)
-    return nn.with_logical_constraint(x_BLD, layers.BLD), None
+        x_BLD = x_BLD + dropout(block(norm(x_BLD), norm), deterministic=det)
+    x_BLD = nn.with_logical_constraint(x_BLD, layers.BLD)
+    return x_BLD, (x_BLD if self.emit_state else None)
 
 
 def attention_mask(
-  q_segments_BL: Array, k_segments_BS: Array, causal: bool
+  q_segments_BL: Array,
+  k_segments_BS: Array,
+  causal: bool,
+  prefix_BL: Array | None = None,
 ) -> Array:
-  """[B, 1, L, S]: same packed segment, real key (segment > 0), causal."""
+  """[B, 1, L, S]: same packed segment, real key (segment > 0), causal.
+
+  With `prefix_BL` (self-attention, L == S), tokens marked nonzero also see
+  each other bidirectionally: a prefix LM's mask (T5's 'prefix_lm', UniLM).
+  """
   mask = q_segments_BL[:, :, None] == k_segments_BS[:, None, :]
   mask = jnp.logical_and(mask, (k_segments_BS != 0)[:, None, :])
   if causal:
     L, S = q_segments_BL.shape[1], k_segments_BS.shape[1]
-    mask = jnp.logical_and(mask, jnp.tril(jnp.ones((L, S), bool)))
+    visible = jnp.tril(jnp.ones((L, S), bool))[None]
+    if prefix_BL is not None:
+      prefix = prefix_BL.astype(bool)
+      visible = jnp.logical_or(
+        visible, jnp.logical_and(prefix[:, :, None], prefix[:, None, :])
+      )
+    mask = jnp.logical_and(mask, visible)
   return mask[:, None]
 
 
 class Stack(nn.Module):
-  """Embeddings, then num_layers TransformerLayers, then (pre-LN) a norm."""
+  """Embeddings, then num_layers TransformerLayers, then (pre-LN) a norm.
+
+  With `collect_states` it returns (x_BLD, states_NBLD): the embedding
+  output and every layer's output, N = num_layers + 1, the last one after
+  the final norm (ELMo's scalar mix reads them all).
+  """
 
   cfg: ModelConfig
   embedder: Embedder
@@ -146,6 +173,7 @@ class Stack(nn.Module):
   causal: bool
   cross_attention: bool = False
   decode: bool = False
+  collect_states: bool = False
 
   @nn.compact
   def __call__(
@@ -158,7 +186,8 @@ class Stack(nn.Module):
     type_ids_BL: Array | None = None,
     encoded_BSD: Array | None = None,
     encoder_segment_ids_BS: Array | None = None,
-  ) -> Array:
+    prefix_BL: Array | None = None,
+  ) -> Array | tuple[Array, Array]:
     cfg = self.cfg
     L = ids_BL.shape[1]
     if cfg.position == 'learned' and cfg.max_len < L:
@@ -184,7 +213,9 @@ class Stack(nn.Module):
       # While decoding, the attention cache builds the causal mask itself.
       'mask': None
       if self.decode
-      else attention_mask(segment_ids_BL, segment_ids_BL, self.causal),
+      else attention_mask(
+        segment_ids_BL, segment_ids_BL, self.causal, prefix_BL
+      ),
       'positions': positions_BL,
       'rel_table': None,
       'encoded': encoded_BSD,
@@ -203,13 +234,20 @@ class Stack(nn.Module):
         cfg.jnp_param_dtype,
       )
 
-    x_BLD = self._layers(x_BLD, ctx, deterministic)
+    embedded_BLD = x_BLD
+    x_BLD, states = self._layers(x_BLD, ctx, deterministic)
     if cfg.norm_position == 'pre':
       x_BLD = layers.norm(cfg, 'final_norm')(x_BLD)
-    return x_BLD
+    if not self.collect_states:
+      return x_BLD
+    states = jnp.concatenate([embedded_BLD[None], states[:-1], x_BLD[None]])
+    return x_BLD, states
 
-  def _layers(self, x_BLD: Array, ctx: dict, deterministic: bool) -> Array:
-    """Applies the layers: shared, scanned or unrolled, optionally remat."""
+  def _layers(self, x_BLD: Array, ctx: dict, deterministic: bool):
+    """Applies the layers: shared, scanned or unrolled, optionally remat.
+
+    Returns the output and, with collect_states, each layer's [N, B, L, D].
+    """
     cfg = self.cfg
     layer_cls = TransformerLayer
     if cfg.remat != 'none':
@@ -226,6 +264,7 @@ class Stack(nn.Module):
       cross_attention=self.cross_attention,
       deterministic=deterministic,
       decode=self.decode,
+      emit_state=self.collect_states,
     )
     if cfg.share_layers:
       # ALBERT: one set of weights applied num_layers times, scanned with
@@ -238,7 +277,7 @@ class Stack(nn.Module):
         in_axes=nn.broadcast,
         length=self.num_layers,
       )
-      x_BLD, _ = shared(**kwargs, name='shared_layer')(x_BLD, ctx)
+      x_BLD, states = shared(**kwargs, name='shared_layer')(x_BLD, ctx)
     elif cfg.scan_layers:
       # One compiled layer body; parameters stacked on a leading 'layers'
       # axis, caches on axis 1 so that their batch axis stays first.
@@ -250,11 +289,14 @@ class Stack(nn.Module):
         length=self.num_layers,
         metadata_params={nn.PARTITION_NAME: 'layers'},
       )
-      x_BLD, _ = scanned(**kwargs, name='layers')(x_BLD, ctx)
+      x_BLD, states = scanned(**kwargs, name='layers')(x_BLD, ctx)
     else:
+      states = []
       for i in range(self.num_layers):
-        x_BLD, _ = layer_cls(**kwargs, name=f'layer_{i}')(x_BLD, ctx)
-    return x_BLD
+        x_BLD, state = layer_cls(**kwargs, name=f'layer_{i}')(x_BLD, ctx)
+        states.append(state)
+      states = jnp.stack(states) if self.collect_states else None
+    return x_BLD, states
 
 
 def stack_flops_per_token(
