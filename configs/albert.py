@@ -5,14 +5,22 @@ Run it (from the repository root):
   python -m pretrain_lm.main --config=configs/albert.py:size=tiny \
       --workdir=/tmp/albert_tiny
 
-Args: `size` is a key of SIZES['albert'] (tiny, base, large, xlarge).
+Args: `size` is a key of SIZES['albert'] (tiny, base, large, xlarge);
+`objective` is `sop` (the default, the paper's MLM + sentence-order
+prediction) or `mlm` (MLM alone).
 
 The architecture is BERT's post-LN encoder with ALBERT's two parameter
 savers: a 128-wide token table projected to the hidden width (E=128 ->
 H=768 for base), and one set of layer weights applied at every layer;
 `base` has 11.7M parameters (body and pooler) with the 30,000 vocab. The
-MLM head maps back to E and is tied to the table. ALBERT's LAMB optimizer
-and sentence-order prediction belong to later issues; the loss is MLM.
+MLM head maps back to E and is tied to the table.
+
+The loss is the paper's: MLM + sentence-order prediction. Each row holds
+one document piece (`doc_sentences` packing), split at a random token into
+A and B; half the time they swap places, and a classifier on the pooled
+[CLS] says whether they did. Not implemented: ALBERT's n-gram masking
+(spans of 1-3 words; the MLM here masks single tokens) and its LAMB
+optimizer (AdamW here).
 """
 
 from pretrain_lm import configlib
@@ -21,7 +29,11 @@ from pretrain_lm.models import config as model_config
 
 def get_config(arg=None):
   """The ALBERT config for `arg` (e.g. 'size=base')."""
-  arg = configlib.parse_arg(arg, size='base')
+  arg = configlib.parse_arg(arg, size='base', objective='sop')
+  if arg.objective not in ('sop', 'mlm'):
+    raise ValueError(
+      f"Config arg objective={arg.objective!r}; valid: ['sop', 'mlm']."
+    )
   c = configlib.base_config()
   c.model.family = 'encoder'
   c.model.size = arg.size
@@ -38,6 +50,8 @@ def get_config(arg=None):
   c.model.attention_dropout_rate = 0.0
 
   c.objective.name = 'mlm'
+  if arg.objective == 'sop':
+    c.objective.sentence_task = 'sop'  # on the pooler's [CLS] output
 
   c.data.seq_len = 512
   c.data.batch_size = 4096

@@ -5,7 +5,12 @@ Run it (from the repository root):
   python -m pretrain_lm.main --config=configs/gpt.py:size=tiny \
       --workdir=/tmp/gpt_tiny
 
-Args: `size` is a key of SIZES['gpt2'] (tiny, small, medium, large, xl).
+Args: `size` is a key of SIZES['gpt2'] (tiny, small, medium, large, xl);
+`objective` is 'clm' (every next token, the default) or 'prefix_lm'
+(each document's first part is read bidirectionally and only the rest is
+predicted; Raffel et al. 2020, §3.2.2):
+
+  --config=configs/gpt.py:size=tiny,objective=prefix_lm
 
 The architecture is GPT-2's: pre-LN with a final LayerNorm, learned
 positions (1024), tanh-GELU, residual projections initialised with
@@ -24,10 +29,17 @@ import os
 from pretrain_lm import configlib
 from pretrain_lm.models import config as model_config
 
+# The decoder objectives this file can pick (`objective=`).
+OBJECTIVES = ('clm', 'prefix_lm')
+
 
 def get_config(arg=None):
   """The GPT config for `arg` (e.g. 'size=small')."""
-  arg = configlib.parse_arg(arg, size='small')
+  arg = configlib.parse_arg(arg, size='small', objective='clm')
+  if arg.objective not in OBJECTIVES:
+    raise ValueError(
+      f'Config arg objective={arg.objective!r}; valid: {list(OBJECTIVES)}.'
+    )
   c = configlib.base_config()
   c.model.family = 'decoder'
   c.model.size = arg.size
@@ -43,7 +55,7 @@ def get_config(arg=None):
   c.model.dropout_rate = 0.1
   c.model.attention_dropout_rate = 0.1
 
-  c.objective.name = 'clm'
+  c.objective.name = arg.objective
 
   c.data.tokenizer_type = 'bpe'
   c.data.packing = 'concat'

@@ -146,3 +146,10 @@ def test_attention_matches_a_numpy_reference():
   o = np.einsum('bhls,bshk->blhk', a, v)
   want = np.einsum('blhk,hkd->bld', o, p['out_kernel']) + p['out_bias']
   np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_model_config_families_are_the_registry():
+  from pretrain_lm.models import MODELS
+  from pretrain_lm.models.config import CHOICES
+
+  assert set(CHOICES['family']) == set(MODELS)

@@ -13,17 +13,46 @@ An objective is one module with:
   (`num_predictions` weights the evaluation average); or `make_loss(config)`
   returning such a function when it has parameters.
 - `FAMILIES`: the model families (pretrain_lm.models.MODELS keys) it trains.
-- optionally `row_length(config)`: the packed row length, if not
-  data.seq_len.
+- optionally `row_length(config) -> int`: the packed row length, if not
+  data.seq_len (gets the full run config).
+- optionally `num_reserved_ids(objective_config) -> int`: ids it needs after
+  the tokenizer's vocabulary (T5's sentinels, UL2's mode tokens). The run
+  trains its tokenizer with that many fewer ids than model.vocab_size, so
+  ids tokenizer.vocab_size, tokenizer.vocab_size + 1, ... never occur in
+  text and have embedding rows.
+- optionally `check_config(config)`: raises ValueError naming the field
+  when the full run config does not suit the objective (validate.py calls
+  it before anything is built).
+- optionally `needs_partner(objective_config) -> bool`: if True, the
+  pipeline passes `partner=`, another packed row of the same epoch (BERT's
+  next-sentence prediction takes its random B from it).
 """
 
-from pretrain_lm.objectives import clm, electra, mlm, reconstruct
+from pretrain_lm.objectives import (
+  bilm,
+  clm,
+  denoising,
+  electra,
+  mlm,
+  plm,
+  prefix_lm,
+  reconstruct,
+  span_corruption,
+  ul2,
+)
 
 OBJECTIVES = {
   'mlm': mlm,
   'clm': clm,
   'reconstruct': reconstruct,
   'electra': electra,
+  'prefix_lm': prefix_lm,
+  'bilm': bilm,
+  'plm': plm,
+  'span_corruption': span_corruption,
+  'ul2': ul2,
+  'ul2_decoder': ul2.DECODER,
+  'denoising': denoising,
 }
 
 
@@ -32,3 +61,15 @@ def loss_fn(objective, config):
   if hasattr(objective, 'make_loss'):
     return objective.make_loss(config)
   return objective.loss
+
+
+def num_reserved_ids(objective, config) -> int:
+  """Ids the objective reserves after the tokenizer's (0 for most)."""
+  if hasattr(objective, 'num_reserved_ids'):
+    return objective.num_reserved_ids(config)
+  return 0
+
+
+def needs_partner(objective, config) -> bool:
+  """Whether the objective's transform takes a `partner` row."""
+  return hasattr(objective, 'needs_partner') and objective.needs_partner(config)

@@ -19,6 +19,16 @@ FAMILIES = ('electra',)
 transform = mlm.transform
 
 
+def check_config(config):
+  """The MLM masking options apply; a sentence task does not."""
+  mlm.check_config(config)
+  if config.objective.sentence_task:
+    raise ValueError(
+      f'objective.sentence_task={config.objective.sentence_task!r}: ELECTRA '
+      "has no sentence head; set objective.sentence_task=''."
+    )
+
+
 def make_loss(config):
   """The loss with the `objective` section's disc_weight bound."""
   return functools.partial(loss, disc_weight=config.disc_weight)
