@@ -122,8 +122,9 @@ def test_preset_trains_loss_falls_and_round_trips_on_a_2x2x2_mesh(
     records = [json.loads(line) for line in f]
   losses = [r['loss'] for r in records if 'loss' in r]
   assert len(losses) == STEPS and all(math.isfinite(x) for x in losses)
+  # Five-step means; 0.3 nats is far beyond their step-to-step noise.
   first, last = np.mean(losses[:5]), np.mean(losses[-5:])
-  assert last < 0.9 * first, (first, last)
+  assert first - last > 0.3, (first, last)
   evals = [r for r in records if 'eval_loss' in r]
   assert evals and math.isfinite(evals[-1]['eval_loss'])
 
