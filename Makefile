@@ -18,12 +18,13 @@ $(VENV)/.installed: setup.cfg pyproject.toml
 quickstart: $(VENV)/.installed
 	$(PY) -m pretrain_lm.main --config=configs/bert.py:size=tiny --workdir=workdirs/quickstart
 
+# Two workers: the suite is mostly XLA compiles, which use one core each.
 test: $(VENV)/.installed
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2
 
 # Includes tests marked `slow`.
 test-all: $(VENV)/.installed
-	$(PY) -m pytest -q -m ''
+	$(PY) -m pytest -q -n 2 -m ''
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check pretrain_lm configs tests
