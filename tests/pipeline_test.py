@@ -393,6 +393,33 @@ def test_restart_reproduces_the_stream(corpus, fresh_stream):
     _assert_same_batches(got, stream[start : start + 4])
 
 
+def test_restart_reproduces_next_sentence_pairs(corpus):
+  # NSP takes each row's random B from its neighbour in the host batch:
+  # restarts (at the epoch boundary and past it) must pair rows the same.
+  def nsp_config():
+    config = _config(corpus, 'doc_sentences')
+    config.objective.sentence_task = 'nsp'
+    config.model.pooler = True
+    return config
+
+  rows_per_epoch = sum(
+    1
+    for _ in pipeline._rows(
+      nsp_config(),
+      corpus['tokenizer'],
+      split='train',
+      process_index=0,
+      process_count=1,
+    )
+  )
+  start = rows_per_epoch // BATCH
+  stream = _batches(nsp_config(), corpus, start + 6)
+  assert 0 < np.mean([b['sentence_labels'].mean() for b in stream]) < 1
+  for begin in (3, start, start + 2):
+    got = _batches(nsp_config(), corpus, 4, start_batch=begin)
+    _assert_same_batches(got, stream[begin : begin + 4])
+
+
 def test_epochs_differ_in_order_and_masks(corpus, fresh_stream):
   stream, rows_per_epoch = fresh_stream
   rows = np.concatenate([_unmask(b) for b in stream])
