@@ -8,3 +8,63 @@ os.environ['XLA_FLAGS'] = (
 )
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 os.environ['JAX_PLATFORMS'] = 'cpu'
+
+import importlib.util  # noqa: E402
+
+import pytest  # noqa: E402
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def load_config(name: str, arg: str = ''):
+  """`configs/<name>.py`'s get_config(arg), as main.py's --config loads it."""
+  path = os.path.join(REPO, 'configs', f'{name}.py')
+  spec = importlib.util.spec_from_file_location(f'{name}_config', path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config(arg)
+
+
+@pytest.fixture(scope='session')
+def tiny_workdir(tmp_path_factory):
+  """A factory of small trained workdirs, one per (config, arg, steps).
+
+  `tiny_workdir('bert', 'size=tiny')` trains the preset for `steps` steps
+  with a 512-piece tokenizer, rows of 64 and batches of 8 on the 8 fake
+  devices, and returns the workdir (built once per test session and worker;
+  treat it as read-only).
+  """
+  cache = {}
+
+  def make(name: str, arg: str = 'size=tiny', steps: int = 4, **overrides):
+    key = (name, arg, steps, tuple(sorted(overrides.items())))
+    if key in cache:
+      return cache[key]
+    from pretrain_lm import train
+
+    c = load_config(name, arg)
+    if c.data.tokenizer_type != 'char':
+      # Room for the ids span corruption and UL2 reserve after the pieces.
+      c.model.vocab_size = 512 + 128
+      c.data.tokenizer_max_docs = 2000
+    c.data.seq_len = 64
+    c.model.max_len = max(c.model.max_len, 128)
+    c.data.batch_size = 8
+    c.data.shuffle_buffer = 64
+    c.data.eval_batches = 1
+    c.optimizer.warmup_steps = 1
+    c.train.num_steps = steps
+    c.train.log_every = steps
+    c.train.eval_every = steps
+    c.train.progress_bar = False
+    c.checkpoint.every = steps
+    c.checkpoint.async_save = False
+    for dotted, value in overrides.items():  # e.g. model__pooler=True
+      section, field = dotted.split('__')
+      c[section][field] = value
+    workdir = str(tmp_path_factory.mktemp(f'{name}_workdir'))
+    train.train_and_evaluate(c, workdir)
+    cache[key] = workdir
+    return workdir
+
+  return make

@@ -38,18 +38,26 @@ class DecoderModel(nn.Module):
   [B, T] (the same start in every row), appends their keys and values to
   the 'cache' collection and returns their logits. A training batch may
   carry `prefix_mask` int32[B, L] (prefix LM, UL2): tokens marked 1 attend
-  to each other bidirectionally within their document.
+  to each other bidirectionally within their document. With
+  `collect_states`, also `layer_states` [N + 1, B, L, D] (the embedding
+  output and every layer's output).
   """
 
   cfg: ModelConfig
   decode: bool = False
+  collect_states: bool = False
 
   def setup(self):
     cfg = self.cfg
     self.token_embed = layers.Embed(cfg.vocab_size, cfg, cfg.token_dim)
     self.embeddings = transformer.Embedder(cfg, self.token_embed)
     self.decoder = transformer.Stack(
-      cfg, self.embeddings, cfg.num_layers, causal=True, decode=self.decode
+      cfg,
+      self.embeddings,
+      cfg.num_layers,
+      causal=True,
+      decode=self.decode,
+      collect_states=self.collect_states,
     )
     self.lm_head = heads.LmHead(cfg)
 
@@ -63,7 +71,12 @@ class DecoderModel(nn.Module):
       prefix_BL=batch.get('prefix_mask'),
       **inputs,
     )
-    return {'hidden': hidden, 'logits': self.lm_head(hidden, self.token_embed)}
+    outputs = {}
+    if self.collect_states:
+      hidden, outputs['layer_states'] = hidden
+    outputs['hidden'] = hidden
+    outputs['logits'] = self.lm_head(hidden, self.token_embed)
+    return outputs
 
   @staticmethod
   def train_flops(cfg: ModelConfig, shapes: dict[str, tuple]) -> float:

@@ -33,17 +33,24 @@ class EncoderModel(nn.Module):
   Takes a feature dict from the objective's tf.data transform and returns a
   dict: `hidden` [B, L, D] always, `pooled` [B, D] with model.pooler,
   `mlm_logits` [B, P, V] when the batch has `masked_positions`, and
-  `sentence_logits` [B, 2] (NSP/SOP) when it has `sentence_labels`.
+  `sentence_logits` [B, 2] (NSP/SOP) when it has `sentence_labels`. With
+  `collect_states`, also `layer_states` [N + 1, B, L, D]: the embedding
+  output and every layer's output (feature extraction, ELMo's scalar mix).
   """
 
   cfg: ModelConfig
+  collect_states: bool = False
 
   def setup(self):
     cfg = self.cfg
     self.token_embed = layers.Embed(cfg.vocab_size, cfg, cfg.token_dim)
     self.embeddings = transformer.Embedder(cfg, self.token_embed)
     self.encoder = transformer.Stack(
-      cfg, self.embeddings, cfg.num_layers, causal=False
+      cfg,
+      self.embeddings,
+      cfg.num_layers,
+      causal=False,
+      collect_states=self.collect_states,
     )
     if cfg.pooler:
       self.pooler = heads.Pooler(cfg)
@@ -58,7 +65,10 @@ class EncoderModel(nn.Module):
       deterministic=deterministic,
       **stack_inputs(batch),
     )
-    outputs = {'hidden': hidden}
+    outputs = {}
+    if self.collect_states:
+      hidden, outputs['layer_states'] = hidden
+    outputs['hidden'] = hidden
     if self.cfg.pooler:
       outputs['pooled'] = self.pooler(hidden)
       if 'sentence_labels' in batch:

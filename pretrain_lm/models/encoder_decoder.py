@@ -23,11 +23,14 @@ class EncoderDecoderModel(nn.Module):
 
   With `decode`, the decoder keeps a self-attention key/value cache: call
   `decode_logits` with new decoder tokens at given positions (see
-  pretrain_lm.models.decoder.DecoderModel).
+  pretrain_lm.models.decoder.DecoderModel). With `collect_states`, also
+  `encoder_layer_states` [N + 1, B, S, D] and `layer_states` [N + 1, B, L,
+  D] (each stack's embedding output and every layer's output).
   """
 
   cfg: ModelConfig
   decode: bool = False
+  collect_states: bool = False
 
   def setup(self):
     cfg = self.cfg
@@ -36,7 +39,11 @@ class EncoderDecoderModel(nn.Module):
     self.encoder_embeddings = transformer.Embedder(cfg, self.token_embed)
     self.decoder_embeddings = transformer.Embedder(cfg, self.token_embed)
     self.encoder = transformer.Stack(
-      cfg, self.encoder_embeddings, cfg.num_layers, causal=False
+      cfg,
+      self.encoder_embeddings,
+      cfg.num_layers,
+      causal=False,
+      collect_states=self.collect_states,
     )
     self.decoder = transformer.Stack(
       cfg,
@@ -45,11 +52,15 @@ class EncoderDecoderModel(nn.Module):
       causal=True,
       cross_attention=True,
       decode=self.decode,
+      collect_states=self.collect_states,
     )
     self.lm_head = heads.LmHead(cfg)
 
   def encode(self, batch: dict[str, Array], *, deterministic: bool):
-    """The encoder's output [B, S, D] and its segment ids [B, S]."""
+    """The encoder's output [B, S, D] and its segment ids [B, S].
+
+    With collect_states the output is a pair (output, layer states).
+    """
     inputs = stack_inputs(batch, 'encoder_')
     encoded = self.encoder(
       batch['encoder_input_ids'], deterministic=deterministic, **inputs
@@ -64,7 +75,10 @@ class EncoderDecoderModel(nn.Module):
     *,
     deterministic: bool,
   ):
-    """The decoder's hidden states and logits given the encoder's output."""
+    """The decoder's hidden states and logits given the encoder's output.
+
+    With collect_states the hidden states are a pair (output, layer states).
+    """
     hidden = self.decoder(
       batch['decoder_input_ids'],
       deterministic=deterministic,
@@ -72,14 +86,21 @@ class EncoderDecoderModel(nn.Module):
       encoder_segment_ids_BS=encoder_segment_ids_BS,
       **decoder_inputs(batch, 'decoder_'),
     )
-    return hidden, self.lm_head(hidden, self.token_embed)
+    final = hidden[0] if self.collect_states else hidden
+    return hidden, self.lm_head(final, self.token_embed)
 
   def __call__(self, batch: dict[str, Array], *, deterministic: bool):
     encoded, segments = self.encode(batch, deterministic=deterministic)
+    outputs = {}
+    if self.collect_states:
+      encoded, outputs['encoder_layer_states'] = encoded
     hidden, logits = self.decode_logits(
       batch, encoded, segments, deterministic=deterministic
     )
-    return {'encoded': encoded, 'hidden': hidden, 'logits': logits}
+    if self.collect_states:
+      hidden, outputs['layer_states'] = hidden
+    outputs.update(encoded=encoded, hidden=hidden, logits=logits)
+    return outputs
 
   @staticmethod
   def train_flops(cfg: ModelConfig, shapes: dict[str, tuple]) -> float:
