@@ -282,6 +282,13 @@ def noise(ids, n, seed, *, config, tokenizer, ends=None):
   """The noised row: (ids int32[R], n) and the infilled spans (or None)."""
   R = ids.shape[0]
   j = tf.range(R)
+  if tokenizer.mask_id < 0 and (
+    config.token_mask_rate > 0 or config.infill_rate > 0
+  ):
+    raise ValueError(
+      'objective.token_mask_rate and infill_rate write mask tokens, and '
+      f'tokenizer {tokenizer.path!r} has none; set both to 0.'
+    )
   special = tf.constant(
     [tokenizer.pad_id, tokenizer.cls_id, tokenizer.sep_id, tokenizer.mask_id]
   )

@@ -296,6 +296,12 @@ def mask(
   itself, its word, or its span).
   """
   _check(config)
+  if tokenizer.mask_id < 0:  # tokenizer_lib.NO_ID: GPT-2's or T5's
+    raise ValueError(
+      f'Masked-LM needs a mask token, and tokenizer {tokenizer.path!r} has '
+      'none; use an objective that does not mask (e.g. clm, '
+      'span_corruption).'
+    )
   ids = tf.cast(ids, tf.int32)
   seq_len = ids.shape[0]
   num_slots = max_predictions(config.mask_rate, seq_len)
