@@ -70,6 +70,11 @@ def base_config() -> ml_collections.ConfigDict:
   c.model.layer_norm_eps = 1e-12
   c.model.position = 'learned'  # learned | sinusoidal | relative | rotary
   c.model.embed_scale = False  # token embeddings x sqrt(E) (Vaswani et al.)
+  # Divide q.k by sqrt(head_dim). T5 (Mesh TF, Hugging Face) does not: it
+  # folds the scale into the query's initialisation.
+  c.model.attention_scale = True
+  # Final states x D**-0.5 before the output layer: T5 v1.0's tied logits.
+  c.model.output_scale = False
   c.model.relative_buckets = 32  # T5 relative attention
   c.model.relative_max_distance = 128
   c.model.rotary_base = 10_000.0
@@ -78,6 +83,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.model.attention_bias = True
   c.model.mlp_bias = True
   c.model.pooler = False  # BERT's tanh pooler on the first token
+  # The tokenizer's [PAD] id: rows without input_mask or segment_ids are
+  # masked where input_ids == pad_id (1 in RoBERTa's and BART's vocabularies).
+  c.model.pad_id = 0
   c.model.dropout_rate = 0.1
   c.model.attention_dropout_rate = 0.1
   c.model.initializer_range = 0.02

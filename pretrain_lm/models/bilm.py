@@ -48,7 +48,7 @@ class BiLMModel(nn.Module):
 
   def __call__(self, batch: dict[str, Array], *, deterministic: bool):
     ids_BL = batch['input_ids']
-    inputs = stack_inputs(batch)
+    inputs = stack_inputs(batch, pad_id=self.cfg.pad_id)
     fwd_BLD, fwd_NBLD = self.forward(
       ids_BL, deterministic=deterministic, **inputs
     )

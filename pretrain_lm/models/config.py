@@ -48,6 +48,8 @@ class ModelConfig:
   layer_norm_eps: float = 1e-12
   position: str = 'learned'
   embed_scale: bool = False
+  attention_scale: bool = True
+  output_scale: bool = False
   relative_buckets: int = 32
   relative_max_distance: int = 128
   rotary_base: float = 10_000.0
@@ -56,6 +58,7 @@ class ModelConfig:
   attention_bias: bool = True
   mlp_bias: bool = True
   pooler: bool = False
+  pad_id: int = 0
   dropout_rate: float = 0.1
   attention_dropout_rate: float = 0.1
   initializer_range: float = 0.02

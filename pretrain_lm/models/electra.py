@@ -88,7 +88,10 @@ class ElectraModel(nn.Module):
     self.discriminator_head = DiscriminatorHead(cfg)
 
   def __call__(self, batch: dict[str, Array], *, deterministic: bool):
-    inputs = dict(stack_inputs(batch), type_ids_BL=batch.get('token_type_ids'))
+    inputs = dict(
+      stack_inputs(batch, pad_id=self.cfg.pad_id),
+      type_ids_BL=batch.get('token_type_ids'),
+    )
     ids = jnp.asarray(batch['input_ids'])
     gen_hidden = self.generator(ids, deterministic=deterministic, **inputs)
     positions, weights = batch['masked_positions'], batch['masked_weights']

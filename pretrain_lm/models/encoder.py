@@ -10,17 +10,21 @@ from pretrain_lm.models.config import ModelConfig
 Array = jax.Array
 
 
-def stack_inputs(batch: dict[str, Array], prefix: str = '') -> dict:
+def stack_inputs(
+  batch: dict[str, Array], prefix: str = '', pad_id: int = 0
+) -> dict:
   """Segment ids and positions of a stack's input, defaulted if absent.
 
   Packed rows carry `segment_ids` (1, 2, ... per document, 0 on padding)
   and `positions` (restarting per document); without them a row is one
-  document, padded where input_mask (or the id) is 0.
+  document, padded where input_mask is 0 (or, without one, where the id is
+  model.pad_id).
   """
   ids = batch[f'{prefix}input_ids']
   segments = batch.get(f'{prefix}segment_ids')
   if segments is None:
-    segments = batch.get(f'{prefix}input_mask', ids != 0).astype(jnp.int32)
+    segments = batch.get(f'{prefix}input_mask', ids != pad_id)
+    segments = segments.astype(jnp.int32)
   positions = batch.get(f'{prefix}positions')
   if positions is None:
     positions = transformer.default_positions(segments)
@@ -63,7 +67,7 @@ class EncoderModel(nn.Module):
       batch['input_ids'],
       type_ids_BL=batch.get('token_type_ids'),
       deterministic=deterministic,
-      **stack_inputs(batch),
+      **stack_inputs(batch, pad_id=self.cfg.pad_id),
     )
     outputs = {}
     if self.collect_states:

@@ -61,7 +61,7 @@ class EncoderDecoderModel(nn.Module):
 
     With collect_states the output is a pair (output, layer states).
     """
-    inputs = stack_inputs(batch, 'encoder_')
+    inputs = stack_inputs(batch, 'encoder_', self.cfg.pad_id)
     encoded = self.encoder(
       batch['encoder_input_ids'], deterministic=deterministic, **inputs
     )

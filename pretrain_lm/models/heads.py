@@ -85,7 +85,9 @@ class MlmHead(nn.Module):
 class LmHead(nn.Module):
   """Next-token logits at every position (GPT-2, T5, BART): no bias.
 
-  With a factorised embedding the states are first projected D -> E.
+  With a factorised embedding the states are first projected D -> E. With
+  model.output_scale the states are first scaled by D**-0.5 (Mesh TF's T5
+  v1.0, whose tied table has unit-variance rows).
   """
 
   cfg: ModelConfig
@@ -93,6 +95,8 @@ class LmHead(nn.Module):
   @nn.compact
   def __call__(self, x_BLD: Array, embed: layers.Embed) -> Array:
     cfg = self.cfg
+    if cfg.output_scale:
+      x_BLD = x_BLD * jnp.asarray(cfg.emb_dim**-0.5, x_BLD.dtype)
     if cfg.token_dim != cfg.emb_dim:
       x_BLD = layers.dense(
         self,

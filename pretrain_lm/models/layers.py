@@ -306,7 +306,7 @@ class MultiHeadAttention(nn.Module):
         v_BSHK,
         bias=None if bias_BHLS is None else bias_BHLS.astype(dtype),
         mask=mask,
-        scale=1.0 / math.sqrt(K),
+        scale=1.0 / math.sqrt(K) if cfg.attention_scale else 1.0,
         implementation=impl,
       )
     out_BLHK = nn.with_logical_constraint(out_BLHK, BLHK)
@@ -325,7 +325,8 @@ class MultiHeadAttention(nn.Module):
   def _einsum_attention(self, q, k, v, mask, bias, deterministic):
     cfg, dtype = self.cfg, self.cfg.jnp_dtype
     # Scale the query, not the logits: one fewer [B,H,L,S] pass.
-    q = q / jnp.sqrt(cfg.head_dim).astype(dtype)
+    if cfg.attention_scale:
+      q = q / jnp.sqrt(cfg.head_dim).astype(dtype)
     logits_BHLS = jnp.einsum('BLHK,BSHK->BHLS', q, k)
     # Softmax in float32: bf16 logits lose the small differences that matter.
     logits_BHLS = logits_BHLS.astype(jnp.float32)

@@ -213,7 +213,7 @@ class PlmModel(nn.Module):
       targets_BP=targets,
       type_ids_BL=batch.get('token_type_ids'),
       deterministic=deterministic,
-      **stack_inputs(batch),
+      **stack_inputs(batch, pad_id=self.cfg.pad_id),
     )
     outputs = {'hidden': hidden}
     if self.cfg.pooler:

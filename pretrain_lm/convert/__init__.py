@@ -1,0 +1,12 @@
+"""Checkpoint conversion: Hugging Face checkpoints <-> pretrain_lm workdirs.
+
+  python -m pretrain_lm.convert import --from=hf --src=DIR --workdir=DIR
+  python -m pretrain_lm.convert export --to=hf --workdir=DIR --dst=DIR
+
+See pretrain_lm/convert/hf.py; one module per architecture holds its tensor
+table (bert.py for BERT and RoBERTa, gpt2.py, t5.py, bart.py).
+"""
+
+from pretrain_lm.convert.hf import FORMATS, export_hf, import_hf
+
+__all__ = ['FORMATS', 'export_hf', 'import_hf']
