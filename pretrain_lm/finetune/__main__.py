@@ -1,0 +1,77 @@
+r"""Fine-tunes a pretraining workdir on a downstream task.
+
+  python -m pretrain_lm.finetune --config=configs/finetune/glue.py:task=sst2 \
+      --init=/tmp/bert_tiny --workdir=/tmp/bert_tiny_sst2
+
+Rerunning the same command resumes from the latest checkpoint in --workdir.
+"""
+
+import os
+
+# TensorFlow only reads files here: keep its C++ logs quiet.
+os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+
+from absl import app, flags, logging  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+from pretrain_lm import validate  # noqa: E402
+from pretrain_lm.finetune import config as config_lib  # noqa: E402
+
+_CONFIG = config_flags.DEFINE_config_file(
+  'config',
+  None,
+  'Config file, e.g. configs/finetune/glue.py:task=sst2.',
+  lock_config=True,
+)
+_INIT = flags.DEFINE_string(
+  'init', None, 'The pretraining workdir to start from (init.workdir).'
+)
+_WORKDIR = flags.DEFINE_string(
+  'workdir', None, 'Directory for checkpoints, metrics and results.json.'
+)
+flags.mark_flags_as_required(['config', 'workdir'])
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+  config, workdir = _CONFIG.value, _WORKDIR.value
+  if _INIT.value is not None:
+    config.init.workdir = _INIT.value
+  if not flags.FLAGS['verbosity'].present:
+    logging.set_verbosity(logging.WARNING)
+  # Bad input fails here, in seconds, before anything is built or compiled;
+  # a missing data file fails as the run reads its data, before compiling.
+  try:
+    config_lib.check_config(config, workdir)
+    from pretrain_lm.finetune import trainer  # JAX import is slow
+
+    run = trainer.Trainer(config, workdir)
+  except (ValueError, FileNotFoundError) as e:
+    raise SystemExit(f'error: {e}') from None
+
+  results = run.run()
+  best, final = results['best'], results['final']
+  name = 'eval_' + results['metric']
+  if final:
+    print(
+      f'\nDev {results["metric"]}: {final[name]:.4f} at the last step '
+      f'{final["step"]}; best {best[name]:.4f} at step {best["step"]}.'
+    )
+  print(
+    f'Checkpoints, metrics.jsonl, TensorBoard logs and results.json are in '
+    f'{workdir}.'
+  )
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+  """absl flag parsing, with a clear message for a mistyped config field."""
+  try:
+    return flags.FLAGS(argv)
+  except (flags.Error, AttributeError, KeyError) as e:
+    message = validate.unknown_override(argv) or str(e)
+    raise SystemExit(f'error: {message}') from None
+
+
+if __name__ == '__main__':
+  app.run(main, flags_parser=parse_flags)

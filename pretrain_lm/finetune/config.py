@@ -1,0 +1,213 @@
+"""The fine-tuning config schema (`configs/finetune/*.py`) and its checks.
+
+A fine-tuning run takes its architecture and tokenizer from the pretraining
+workdir named by `init.workdir` (the CLI's --init); its own config holds
+only the task, the head, the optimizer and the schedule. The defaults are
+BERT's fine-tuning recipe (Devlin et al., 2019, appendix A.3).
+"""
+
+import os
+
+import ml_collections
+import tensorflow as tf
+
+from pretrain_lm.finetune import TASKS
+
+# Valid values of the string-choice fields, checked before anything is built.
+HEADS = ('classification', 'regression', 'span', 'token')
+POOLINGS = ('auto', 'cls', 'pooler', 'mean', 'max', 'last')
+SCHEDULES = ('linear', 'slanted_triangular')
+# The pretraining families a head can sit on ('electra': its discriminator).
+FAMILIES = ('encoder', 'decoder', 'encoder_decoder', 'electra', 'bilm')
+
+
+def base_config() -> ml_collections.ConfigDict:
+  """Every section and field a fine-tuning run understands."""
+  c = ml_collections.ConfigDict()
+
+  c.init = ml_collections.ConfigDict()
+  c.init.workdir = ''  # the pretraining workdir (--init): model, tokenizer
+  c.init.step = 0  # its checkpoint; 0: the latest
+  # The from-scratch baseline: the init workdir's architecture and
+  # tokenizer, but freshly initialised weights.
+  c.init.random_init = False
+
+  c.task = ml_collections.ConfigDict()
+  c.task.name = 'glue'  # key of pretrain_lm.finetune.TASKS
+  c.task.glue_task = 'sst2'
+  # The task's data folder (glue: '' reads the bundled SST-2 sample).
+  c.task.data_dir = ''
+  c.task.metric = ''  # the dev metric that picks the best; '': the task's
+  c.task.seq_len = 128
+  # 0: every example; else the first N (quick runs, tests).
+  c.task.max_train_examples = 0
+  c.task.max_eval_examples = 0
+
+  c.head = ml_collections.ConfigDict()
+  # The vector a sequence-level head reads: 'auto' is BERT's tanh pooler
+  # when the body has one, else [CLS] for encoders, the last real token for
+  # decoders and the final decoder token for encoder-decoders (BART);
+  # 'mean' / 'max' over real tokens.
+  c.head.pooling = 'auto'
+  c.head.dropout = 0.1
+  # ELMo's feature-based use (Peters et al., 2018): a learned softmax mix of
+  # every layer's states with a scale gamma, optionally layer-normalising
+  # each layer first; usually with the body frozen.
+  c.head.scalar_mix = False
+  c.head.mix_layer_norm = False
+  c.head.freeze_backbone = False
+  # T5 (Raffel et al., 2020): classify by generating the label word; the
+  # encoder reads the text, the decoder is trained on the word.
+  c.head.text_to_text = False
+  # Sentence-BERT (Reimers & Gurevych, 2019): each sentence of a pair
+  # embedded alone by the same body (pooling 'auto' is the mean);
+  # classification on (u, v, |u - v|), regression as cos(u, v) against the
+  # label / similarity_scale (STS-B's scores run 0-5).
+  c.head.siamese = False
+  c.head.similarity_scale = 5.0
+
+  c.optimizer = ml_collections.ConfigDict()
+  c.optimizer.name = 'adamw'
+  # BERT picked the best of {5e-5, 3e-5, 2e-5} on dev for each task.
+  c.optimizer.learning_rate = 2e-5
+  c.optimizer.b1 = 0.9
+  c.optimizer.b2 = 0.999
+  c.optimizer.eps = 1e-6
+  c.optimizer.weight_decay = 0.01  # not on biases and norms (BERT)
+  c.optimizer.grad_clip_norm = 1.0  # 0 disables clipping
+  # 'linear': warmup over warmup_fraction of the steps, then linear decay
+  # to 0 (BERT). 'slanted_triangular': ULMFiT's (Howard & Ruder, 2018,
+  # eq. 3): up for cut_frac of the steps, down for the rest, from and to
+  # learning_rate / ratio.
+  c.optimizer.schedule = 'linear'
+  c.optimizer.warmup_fraction = 0.1
+  c.optimizer.cut_frac = 0.1
+  c.optimizer.ratio = 32.0
+  # ULMFiT's discriminative fine-tuning: layer l of L gets
+  # learning_rate * decay^(L - l); the embeddings (l = 0) the least, the top
+  # layer and the head the full rate. ULMFiT uses 1 / 2.6; 1.0 is off.
+  c.optimizer.layer_lr_decay = 1.0
+  # ULMFiT's gradual unfreezing: only the head trains at first, then one
+  # more layer from the top every this many epochs (ULMFiT: 1.0); 0 is off.
+  c.optimizer.gradual_unfreezing = 0.0
+
+  # Knowledge distillation (Hinton et al., 2015; Turc et al., 2019's
+  # pre-trained distillation): learn from a fine-tuned teacher's soft
+  # predictions. loss = (1 - alpha) * gold + alpha * T^2 * KL(teacher_T ||
+  # student_T); Turc et al. use the soft targets alone (alpha = 1).
+  c.distill = ml_collections.ConfigDict()
+  c.distill.teacher = ''  # a fine-tuning workdir of the same task; '' is off
+  c.distill.temperature = 1.0
+  c.distill.alpha = 1.0
+
+  c.train = ml_collections.ConfigDict()
+  c.train.num_epochs = 3
+  # 0: num_epochs of steps; else stop after this many steps (quick runs).
+  c.train.max_steps = 0
+  c.train.batch_size = 32  # global, across all hosts
+  c.train.eval_batch_size = 0  # 0: batch_size
+  c.train.seed = 0  # head init, dropout and the per-epoch shuffles
+  c.train.log_every = 50
+  c.train.eval_every = 0  # steps; 0: at the end of each epoch
+  # Save and exit cleanly at every multiple of this step (0: never);
+  # rerunning the same command continues the run.
+  c.train.exit_interval = 0
+  c.train.progress_bar = True
+
+  c.mesh = ml_collections.ConfigDict()
+  c.mesh.data = -1
+  c.mesh.fsdp = 1
+  c.mesh.tensor = 1
+
+  c.checkpoint = ml_collections.ConfigDict()
+  c.checkpoint.every = 0  # steps; 0: at the end of each epoch
+  c.checkpoint.keep = 1
+  # Also keep the checkpoint with the best dev metric in workdir/best.
+  c.checkpoint.keep_best = True
+  c.checkpoint.async_save = True
+
+  return c
+
+
+def _require(ok: bool, message: str) -> None:
+  if not ok:
+    raise ValueError(message)
+
+
+def _choice(value: str, name: str, valid: tuple[str, ...]) -> None:
+  _require(value in valid, f'{name}={value!r}; valid: {list(valid)}.')
+
+
+def check_config(config: ml_collections.ConfigDict, workdir: str = '') -> None:
+  """Raises ValueError/FileNotFoundError naming the first bad field.
+
+  Cheap: reads no data and builds nothing, so the CLI fails in seconds.
+  """
+  init, task, opt = config.init, config.task, config.optimizer
+  train = config.train
+  resuming = workdir and tf.io.gfile.exists(
+    os.path.join(workdir, 'init_config.json')
+  )
+  if not resuming:
+    _require(
+      bool(init.workdir),
+      'init.workdir is empty: pass the pretraining workdir with --init=DIR.',
+    )
+  if init.workdir:
+    if not tf.io.gfile.exists(os.path.join(init.workdir, 'config.json')):
+      raise FileNotFoundError(
+        f'--init={init.workdir!r} is not a pretrain_lm workdir (no '
+        'config.json in it).'
+      )
+    checkpoints = os.path.join(init.workdir, 'checkpoints')
+    if not init.random_init and not tf.io.gfile.isdir(checkpoints):
+      raise FileNotFoundError(
+        f'--init={init.workdir!r} has no checkpoints/ folder to start from '
+        '(set init.random_init=True for the from-scratch baseline).'
+      )
+  _require(init.step >= 0, f'init.step={init.step} must be >= 0.')
+  _choice(task.name, 'task.name', tuple(TASKS))
+  if hasattr(TASKS[task.name], 'check_config'):
+    TASKS[task.name].check_config(task)
+  TASKS[task.name].num_labels(task)  # raises on an unknown GLUE task
+  _require(
+    not (config.head.siamese and config.head.text_to_text),
+    'head.siamese and head.text_to_text exclude each other.',
+  )
+  _require(task.seq_len > 0, f'task.seq_len={task.seq_len} must be > 0.')
+  _choice(config.head.pooling, 'head.pooling', POOLINGS)
+  _require(
+    0 <= config.head.dropout < 1,
+    f'head.dropout={config.head.dropout} must be in [0, 1).',
+  )
+  _choice(opt.name, 'optimizer.name', ('adamw',))
+  _choice(opt.schedule, 'optimizer.schedule', SCHEDULES)
+  _require(
+    0 < opt.layer_lr_decay <= 1,
+    f'optimizer.layer_lr_decay={opt.layer_lr_decay} must be in (0, 1].',
+  )
+  _require(
+    0 <= opt.warmup_fraction < 1 and 0 < opt.cut_frac < 1,
+    'optimizer.warmup_fraction must be in [0, 1) and cut_frac in (0, 1).',
+  )
+  _require(opt.ratio >= 1, f'optimizer.ratio={opt.ratio} must be >= 1.')
+  _require(
+    opt.gradual_unfreezing >= 0,
+    f'optimizer.gradual_unfreezing={opt.gradual_unfreezing} must be >= 0.',
+  )
+  d = config.distill
+  _require(0 <= d.alpha <= 1, f'distill.alpha={d.alpha} must be in [0, 1].')
+  _require(d.temperature > 0, 'distill.temperature must be > 0.')
+  if d.teacher and not tf.io.gfile.exists(
+    os.path.join(d.teacher, 'init_config.json')
+  ):
+    raise FileNotFoundError(
+      f'distill.teacher={d.teacher!r} is not a fine-tuning workdir (no '
+      'init_config.json in it).'
+    )
+  _require(train.batch_size > 0, 'train.batch_size must be > 0.')
+  _require(train.num_epochs > 0, 'train.num_epochs must be > 0.')
+  for name in ('max_steps', 'eval_every', 'exit_interval', 'eval_batch_size'):
+    _require(train[name] >= 0, f'train.{name} must be >= 0.')
+  _require(train.log_every > 0, 'train.log_every must be > 0.')
+  _require(config.checkpoint.every >= 0, 'checkpoint.every must be >= 0.')

@@ -1,0 +1,301 @@
+"""The fine-tuning model: a pretrained body named `backbone` and a task head.
+
+The body is `MODELS[family](cfg)` itself, so its parameter subtree is a
+pretraining workdir's params minus the heads fine-tuning does not call (the
+MLM head, NSP's classifier) and restores from it by a partial restore. Heads
+(B batch, L length, D width, C classes, N layer states):
+
+  classification / regression - a vector per row (pooled as `pooling`
+      says), dropout, dense D -> C: `logits` [B, C] (regression: [B]).
+  span - dense D -> 2 on every token: `start_logits`, `end_logits` [B, L],
+      padding at MASKED_LOGIT (BERT's SQuAD head).
+  token - dropout, dense D -> C per token: `token_logits` [B, L, C].
+
+Sentence-BERT's siamese heads (`siamese`) embed two sentences u, v with the
+same body: classification reads (u, v, |u - v|), regression is cos(u, v).
+T5 classifies text-to-text instead (`label_sequences`): the encoder reads
+the row, the decoder each class's label word, and `logits` [B, C] are the
+words' log-likelihoods (Raffel et al., 2020, section 2.4).
+"""
+
+import jax
+import jax.numpy as jnp
+from flax import linen as nn
+
+from pretrain_lm.finetune import config as config_lib
+from pretrain_lm.models import MODELS, layers
+from pretrain_lm.models.config import ModelConfig
+
+Array = jax.Array
+
+# Where a span head's padding logits sit: far below any real logit, yet
+# finite, so softmax, log-softmax and temperature scaling stay NaN-free.
+MASKED_LOGIT = -1e9
+
+
+def backbone_family(family: str) -> str:
+  """The MODELS key of the body: ELECTRA fine-tunes its discriminator."""
+  return 'encoder' if family == 'electra' else family
+
+
+# Where a pretraining family keeps the body's params when they are not where
+# the fine-tuning body has them: body subtree name -> pretraining name.
+PRETRAINED_NAMES = {'electra': {'encoder': 'discriminator'}}
+
+
+def resolve_pooling(
+  pooling: str,
+  family: str,
+  has_pooler: bool,
+  scalar_mix: bool,
+  siamese: bool = False,
+) -> str:
+  """The pooling 'auto' stands for, and a check of an explicit one."""
+  if pooling == 'pooler' and (not has_pooler or scalar_mix):
+    raise ValueError(
+      "head.pooling='pooler' needs a body pretrained with model.pooler and "
+      'no head.scalar_mix.'
+    )
+  if pooling != 'auto':
+    return pooling
+  if family in ('decoder', 'encoder_decoder'):
+    # A causal stack's last real token is the only one that has read the
+    # whole row (GPT; BART's final decoder token).
+    return 'last'
+  if scalar_mix or siamese or family == 'bilm':
+    # ELMo's features have no trained summary token; Sentence-BERT found
+    # the mean better than [CLS] or max. Average them.
+    return 'mean'
+  return 'pooler' if has_pooler else 'cls'
+
+
+def cosine(u_BD: Array, v_BD: Array) -> Array:
+  """The cosine similarity of each row pair, float32 [B]."""
+  u, v = u_BD.astype(jnp.float32), v_BD.astype(jnp.float32)
+  dot = jnp.sum(u * v, axis=-1)
+  norms = jnp.linalg.norm(u, axis=-1) * jnp.linalg.norm(v, axis=-1)
+  return dot / jnp.maximum(norms, 1e-8)
+
+
+def backbone_inputs(batch: dict[str, Array], family: str) -> dict:
+  """The body's feature dict from a fine-tuning row batch.
+
+  An encoder-decoder reads the same tokens in both stacks (BART's
+  classification recipe): the decoder's state at a token has read the whole
+  encoded row and the row up to that token.
+  """
+  ids, mask = batch['input_ids'], batch['input_mask']
+  if family == 'encoder_decoder':
+    return {
+      'encoder_input_ids': ids,
+      'encoder_input_mask': mask,
+      'decoder_input_ids': ids,
+    }
+  inputs = {'input_ids': ids, 'input_mask': mask}
+  if 'token_type_ids' in batch:
+    inputs['token_type_ids'] = batch['token_type_ids']
+  return inputs
+
+
+def pool(x_BLD: Array, mask_BL: Array, pooling: str) -> Array:
+  """One vector per row: [CLS], the last real token, or mean/max of real."""
+  m_BL1 = mask_BL[..., None].astype(x_BLD.dtype)
+  if pooling == 'cls':
+    return x_BLD[:, 0]
+  if pooling == 'last':
+    last_B = jnp.maximum(jnp.sum(mask_BL, axis=-1) - 1, 0)
+    return jnp.take_along_axis(x_BLD, last_B[:, None, None], axis=1)[:, 0]
+  if pooling == 'mean':
+    count_B1 = jnp.maximum(jnp.sum(m_BL1, axis=1), 1.0)
+    return jnp.sum(x_BLD * m_BL1, axis=1) / count_B1
+  if pooling == 'max':
+    return jnp.max(jnp.where(m_BL1 > 0, x_BLD, MASKED_LOGIT), axis=1)
+  raise ValueError(f'Unknown pooling {pooling!r}.')
+
+
+def masked_layer_norm(x_NBLD: Array, mask_BL: Array, eps: float = 1e-12):
+  """Each layer of each row normalised over its real tokens and width.
+
+  AllenNLP's ScalarMix pools the statistics over the whole batch; per row,
+  a prediction does not depend on the rows batched with it.
+  """
+  m = mask_BL[None, :, :, None].astype(x_NBLD.dtype)
+  count = jnp.maximum(jnp.sum(m, axis=(2, 3), keepdims=True), 1.0)
+  count = count * x_NBLD.shape[-1]
+  mean = jnp.sum(x_NBLD * m, axis=(2, 3), keepdims=True) / count
+  var = jnp.sum(jnp.square((x_NBLD - mean) * m), axis=(2, 3), keepdims=True)
+  return (x_NBLD - mean) / jnp.sqrt(var / count + eps)
+
+
+class ScalarMix(nn.Module):
+  """ELMo's task-specific layer mix (Peters et al., 2018, eq. 1).
+
+  gamma * sum_j softmax(w)_j * h_j over the N layer states, optionally
+  layer-normalising each h_j first (the paper's section 3.3).
+  """
+
+  layer_norm: bool
+
+  @nn.compact
+  def __call__(self, states_NBLD: Array, mask_BL: Array) -> Array:
+    N = states_NBLD.shape[0]
+    w_N = self.param(
+      'weights',
+      nn.with_logical_partitioning(nn.initializers.zeros, (None,)),
+      (N,),
+      jnp.float32,
+    )
+    gamma = self.param(
+      'gamma',
+      nn.with_logical_partitioning(nn.initializers.ones, ()),
+      (),
+      jnp.float32,
+    )
+    x_NBLD = states_NBLD.astype(jnp.float32)
+    if self.layer_norm:
+      x_NBLD = masked_layer_norm(x_NBLD, mask_BL)
+    s_N = jax.nn.softmax(w_N)
+    return gamma * jnp.einsum('N,NBLD->BLD', s_N, x_NBLD)
+
+
+class FinetuneModel(nn.Module):
+  """A pretrained body and a task head; returns the head's outputs.
+
+  The body runs without dropout and without gradient when frozen (ELMo's
+  feature-based use); the optimizer leaves its params unchanged too.
+  """
+
+  cfg: ModelConfig
+  head: str  # one of config.HEADS
+  num_labels: int
+  pooling: str = 'auto'
+  dropout: float = 0.1
+  scalar_mix: bool = False
+  mix_layer_norm: bool = False
+  freeze_backbone: bool = False
+  # Text-to-text (T5): each class's decoder ids, start token to end token.
+  label_sequences: tuple[tuple[int, ...], ...] = ()
+  # Sentence-BERT: the batch holds a second sentence as b_input_ids, ...
+  siamese: bool = False
+
+  @nn.compact
+  def __call__(self, batch: dict[str, Array], *, deterministic: bool):
+    cfg = self.cfg
+    family = backbone_family(cfg.family)
+    if self.head not in config_lib.HEADS:
+      raise ValueError(f'head={self.head!r}; valid: {config_lib.HEADS}.')
+    if family == 'bilm':  # its layer states are always collected
+      body = MODELS[family](cfg, name='backbone')
+    else:
+      body = MODELS[family](
+        cfg, collect_states=self.scalar_mix, name='backbone'
+      )
+    if self.label_sequences:
+      return {'logits': self._score_labels(body, batch, deterministic)}
+    mix = None
+    if self.scalar_mix:
+      mix = ScalarMix(self.mix_layer_norm, name='scalar_mix')
+
+    def encode(rows):
+      """The states the head reads [B, L, D], and the body's outputs."""
+      outputs = body(
+        backbone_inputs(rows, family),
+        deterministic=deterministic or self.freeze_backbone,
+      )
+      if self.freeze_backbone:
+        outputs = jax.lax.stop_gradient(outputs)
+      if mix is None:
+        h_BLD = outputs['hidden']
+      else:
+        h_BLD = mix(outputs['layer_states'], rows['input_mask'])
+        h_BLD = h_BLD.astype(cfg.jnp_dtype)
+      return nn.with_logical_constraint(h_BLD, layers.BLD), outputs
+
+    def sentence(rows):
+      """One vector per row, as `pooling` says."""
+      h_BLD, outputs = encode(rows)
+      pooling = resolve_pooling(
+        self.pooling,
+        family,
+        'pooled' in outputs,
+        self.scalar_mix,
+        self.siamese,
+      )
+      if pooling == 'pooler':
+        return outputs['pooled']
+      return pool(h_BLD, rows['input_mask'], pooling)
+
+    drop = nn.Dropout(self.dropout)
+    if self.siamese:
+      # Sentence-BERT (Reimers & Gurevych, 2019): one body, two sentences.
+      u_BD = sentence(batch)
+      v_BD = sentence({k[2:]: v for k, v in batch.items() if k[:2] == 'b_'})
+      if self.head == 'regression':
+        return {'logits': cosine(u_BD, v_BD)}
+      x_BF = jnp.concatenate([u_BD, v_BD, jnp.abs(u_BD - v_BD)], axis=-1)
+      return {
+        'logits': self._dense('classifier', x_BF, x_BF.shape[-1], 'BD,DC->BC')
+      }
+
+    if self.head in ('classification', 'regression'):
+      x_BD = drop(sentence(batch), deterministic=deterministic)
+      logits_BC = self._dense('classifier', x_BD, x_BD.shape[-1], 'BD,DC->BC')
+      if self.head == 'regression':
+        return {'logits': logits_BC[:, 0]}
+      return {'logits': logits_BC}
+
+    h_BLD, _ = encode(batch)
+    mask_BL = batch['input_mask']
+    D = h_BLD.shape[-1]  # 2 x emb_dim for a biLM
+    if self.head == 'span':
+      # No dropout before BERT's SQuAD output layer.
+      logits_BLC = self._dense('span', h_BLD, D, 'BLD,DC->BLC', classes=2)
+      logits_BLC = jnp.where(mask_BL[..., None] > 0, logits_BLC, MASKED_LOGIT)
+      return {
+        'start_logits': logits_BLC[..., 0],
+        'end_logits': logits_BLC[..., 1],
+      }
+
+    h_BLD = drop(h_BLD, deterministic=deterministic)
+    return {'token_logits': self._dense('token', h_BLD, D, 'BLD,DC->BLC')}
+
+  def _score_labels(self, body, batch, deterministic: bool) -> Array:
+    """[B, C]: log p(label word c | row), teacher-forced per class."""
+    encoded, segments = body.encode(
+      {
+        'encoder_input_ids': batch['input_ids'],
+        'encoder_input_mask': batch['input_mask'],
+      },
+      deterministic=deterministic,
+    )
+    B = batch['input_ids'].shape[0]
+    scores = []
+    # One decoder pass per class: GLUE has at most 3 short label words.
+    for sequence in self.label_sequences:
+      ids_T = jnp.asarray(sequence, jnp.int32)
+      inputs_BT = jnp.broadcast_to(ids_T[:-1], (B, len(sequence) - 1))
+      _, logits_BTV = body.decode_logits(
+        {'decoder_input_ids': inputs_BT},
+        encoded,
+        segments,
+        deterministic=deterministic,
+      )
+      logp_BTV = jax.nn.log_softmax(logits_BTV.astype(jnp.float32), axis=-1)
+      targets_BT1 = jnp.broadcast_to(ids_T[1:, None], (B, len(sequence) - 1, 1))
+      logp_BT = jnp.take_along_axis(logp_BTV, targets_BT1, axis=-1)[..., 0]
+      scores.append(jnp.sum(logp_BT, axis=-1))
+    return jnp.stack(scores, axis=-1)
+
+  def _dense(self, name, x, D, equation, classes=None):
+    """The head's output layer, float32 logits (sharded as BERT's heads)."""
+    y = layers.dense(
+      self,
+      name,
+      x,
+      (D, classes or self.num_labels),
+      ('embed', None),
+      equation,
+      use_bias=True,
+      std=self.cfg.initializer_range,
+    )
+    return y.astype(jnp.float32)

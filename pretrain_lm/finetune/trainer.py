@@ -1,0 +1,678 @@
+"""Fine-tuning: the run (state, restore, the loop) and fine-tuned loading.
+
+`finetune(config, workdir)` trains `configs/finetune/*.py`'s config on a
+task of pretrain_lm.finetune.TASKS, starting from the pretraining workdir
+`config.init.workdir`, and returns the dev results. It reuses pretraining's
+machinery: the mesh and rule table, the TrainState and its jitted step,
+Orbax checkpoints (resumable: rerun the same call), metrics.jsonl and
+TensorBoard. The fine-tuning workdir holds everything a later load needs:
+config.json, init_config.json (the body's pretraining config), the tokenizer
+and results.json (the best and the final dev metrics).
+"""
+
+import contextlib
+import dataclasses
+import functools
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import tensorflow as tf
+from flax import linen as nn
+from jax.experimental import multihost_utils
+
+from pretrain_lm import checkpoint as checkpoint_lib
+from pretrain_lm import metrics as metrics_lib
+from pretrain_lm import sharding, train
+from pretrain_lm.data import tokenizer as tokenizer_lib
+from pretrain_lm.finetune import TASKS, losses, optimizer
+from pretrain_lm.finetune import config as config_lib
+from pretrain_lm.finetune import model as model_lib
+from pretrain_lm.finetune import rows as rows_lib
+from pretrain_lm.models import ModelConfig
+
+INIT_CONFIG_FILE = 'init_config.json'
+RESULTS_FILE = 'results.json'
+BEST_DIR = 'best'
+
+
+def predict_step(params, batch, *, model):
+  """The head's outputs on a batch, without dropout."""
+  return model.apply({'params': params}, batch, deterministic=True)
+
+
+def _example_batch(features: dict[str, np.ndarray], keys, rows: int) -> dict:
+  """ShapeDtypeStructs of a batch of `rows` rows of these features."""
+  return {
+    k: jax.ShapeDtypeStruct((rows, *features[k].shape[1:]), features[k].dtype)
+    for k in keys
+  }
+
+
+def _host_rows(rows: np.ndarray) -> np.ndarray:
+  """This process's share of a global batch's row indices."""
+  per_host = len(rows) // jax.process_count()
+  start = jax.process_index() * per_host
+  return rows[start : start + per_host]
+
+
+def run_predictions(
+  predict: Callable,
+  params,
+  features: dict[str, np.ndarray],
+  *,
+  keys: tuple[str, ...],
+  batch_size: int,
+  mesh: jax.sharding.Mesh,
+) -> dict[str, np.ndarray]:
+  """`predict` over every row, in batches of batch_size (last one padded)."""
+  n = len(features['input_ids'])
+  chunks = []
+  for start in range(0, n, batch_size):
+    rows = np.arange(start, start + batch_size)
+    # The last batch repeats row 0: a real row keeps every output finite.
+    rows = np.where(rows < n, rows, 0)
+    host = _host_rows(rows)
+    batch = {k: features[k][host] for k in keys}
+    out = predict(params, sharding.host_to_global(batch, mesh))
+    chunks.append(jax.tree.map(np.asarray, jax.device_get(out)))
+  return {k: np.concatenate([c[k] for c in chunks])[:n] for k in chunks[0]}
+
+
+# --- Loading a fine-tuned workdir (a distillation teacher, a notebook).
+
+
+@dataclasses.dataclass
+class Finetuned:
+  """A fine-tuned model: its config, body config, params and tokenizer."""
+
+  config: ml_collections.ConfigDict
+  model_config: ModelConfig
+  model: model_lib.FinetuneModel
+  params: Any
+  tokenizer: tokenizer_lib.Tokenizer
+  step: int
+  mesh: jax.sharding.Mesh
+
+  @property
+  def task(self):
+    return TASKS[self.config.task.name]
+
+  def featurize(self, examples: list[dict]) -> dict[str, np.ndarray]:
+    """Model rows of task examples (task.read's), as the run made them."""
+    return rows_lib.featurize(
+      self.config, examples, self.tokenizer, self.model_config.family
+    )
+
+  def predict(
+    self, features: dict[str, np.ndarray], batch_size: int = 32
+  ) -> dict[str, np.ndarray]:
+    """The head's outputs for model rows (from `featurize`)."""
+    keys = tuple(k for k in rows_lib.INPUT_KEYS if k in features)
+    shards = self.mesh.shape['data'] * self.mesh.shape['fsdp']
+    batch_size = -(-batch_size // shards) * shards
+    with _context(self.mesh):
+      fn = jax.jit(
+        functools.partial(predict_step, model=self.model),
+        out_shardings=sharding.replicated(self.mesh),
+      )
+      return run_predictions(
+        fn,
+        self.params,
+        features,
+        keys=keys,
+        batch_size=batch_size,
+        mesh=self.mesh,
+      )
+
+
+def build_model(
+  config: ml_collections.ConfigDict,
+  model_config: ModelConfig,
+  tokenizer: tokenizer_lib.Tokenizer,
+) -> model_lib.FinetuneModel:
+  """The FinetuneModel a fine-tuning config describes."""
+  task = TASKS[config.task.name]
+  labels = ()
+  if config.head.text_to_text:
+    if model_lib.backbone_family(model_config.family) != 'encoder_decoder':
+      raise ValueError(
+        'head.text_to_text needs an encoder-decoder (T5), not a '
+        f'{model_config.family!r} model.'
+      )
+    labels = rows_lib.label_sequences(task, config.task, tokenizer)
+  head = rows_lib.task_head(task, config.task)
+  if config.head.siamese and (
+    config.head.text_to_text or head not in ('classification', 'regression')
+  ):
+    raise ValueError(
+      'head.siamese embeds sentence pairs for a classification or '
+      f'regression head, not {head} (and not with head.text_to_text).'
+    )
+  return model_lib.FinetuneModel(
+    model_config,
+    head=head,
+    num_labels=task.num_labels(config.task),
+    pooling=config.head.pooling,
+    dropout=config.head.dropout,
+    scalar_mix=config.head.scalar_mix,
+    mix_layer_norm=config.head.mix_layer_norm,
+    freeze_backbone=config.head.freeze_backbone,
+    label_sequences=labels,
+    siamese=config.head.siamese,
+  )
+
+
+def load(
+  workdir: str,
+  step: int | None = None,
+  mesh: jax.sharding.Mesh | None = None,
+  best: bool = True,
+) -> Finetuned:
+  """A fine-tuning workdir's best checkpoint (else its latest, or `step`)."""
+  config = ml_collections.ConfigDict(
+    checkpoint_lib.read_json(os.path.join(workdir, 'config.json'))
+  )
+  init_config = checkpoint_lib.read_json(
+    os.path.join(workdir, INIT_CONFIG_FILE)
+  )
+  model_config = ModelConfig.from_config(init_config['model'])
+  tokenizer = tokenizer_lib.load_tokenizer(
+    os.path.join(workdir, tokenizer_lib.WORKDIR_FILENAME)
+  )
+  model = build_model(config, model_config, tokenizer)
+  directory = os.path.join(workdir, BEST_DIR)
+  if not (best and step is None and tf.io.gfile.isdir(directory)):
+    directory = os.path.join(workdir, checkpoint_lib.CHECKPOINT_DIR)
+  checkpointer = checkpoint_lib.Checkpointer(directory, keep=0, read_only=True)
+  step = checkpointer.latest_step() if step is None else step
+  if step is None:
+    raise FileNotFoundError(f'No checkpoint in {directory!r}.')
+  # Without a mesh: one device, as pretrain_lm.load does.
+  mesh = mesh or sharding.make_mesh(
+    {'data': 1, 'fsdp': 1, 'tensor': 1}, jax.local_devices()[:1]
+  )
+  L = config.task.seq_len
+  example = {
+    k: jax.ShapeDtypeStruct((1, L), jnp.int32) for k in rows_lib.INPUT_KEYS
+  }
+  with _context(mesh):
+    boxed = jax.eval_shape(
+      lambda b: model.init(jax.random.key(0), b, deterministic=True), example
+    )['params']
+    shardings = sharding.logical_to_sharding(nn.get_partition_spec(boxed), mesh)
+  abstract = jax.tree.map(
+    lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+    nn.meta.unbox(boxed),
+    shardings,
+  )
+  params = checkpointer.restore_params(step, abstract)
+  checkpointer.close()
+  return Finetuned(config, model_config, model, params, tokenizer, step, mesh)
+
+
+@contextlib.contextmanager
+def _context(mesh: jax.sharding.Mesh):
+  """Mesh + logical rules, needed while tracing the model's constraints."""
+  with (
+    jax.set_mesh(mesh),
+    nn.logical_axis_rules(sharding.LOGICAL_AXIS_RULES),
+  ):
+    yield
+
+
+# --- The run.
+
+
+class Trainer:
+  """Builds everything a fine-tuning run needs; `run()` is the loop."""
+
+  def __init__(
+    self,
+    config: ml_collections.ConfigDict,
+    workdir: str,
+    mesh: jax.sharding.Mesh | None = None,
+  ):
+    self.config = c = config
+    self.workdir = workdir = checkpoint_lib.absolute(workdir)
+    self.is_chief = jax.process_index() == 0
+    if c.init.workdir and workdir == checkpoint_lib.absolute(c.init.workdir):
+      raise ValueError(
+        f'--workdir={workdir!r} is the pretraining workdir (--init); '
+        'fine-tune into a workdir of its own.'
+      )
+    # A resumed run reads the body's config and tokenizer from its own
+    # workdir's copies, so it needs no --init.
+    resuming = tf.io.gfile.exists(os.path.join(workdir, INIT_CONFIG_FILE))
+    # Every host decides that before the chief writes those copies.
+    multihost_utils.sync_global_devices('fine-tuning workdir checked')
+    source = workdir if resuming else c.init.workdir
+    self.init_config = checkpoint_lib.read_json(
+      os.path.join(source, INIT_CONFIG_FILE if resuming else 'config.json')
+    )
+    self.model_config = ModelConfig.from_config(self.init_config['model'])
+    if self.model_config.family not in config_lib.FAMILIES:
+      raise ValueError(
+        f'Fine-tuning a {self.model_config.family!r} model is not '
+        f'supported; families: {list(config_lib.FAMILIES)}.'
+      )
+    self.tokenizer = tokenizer_lib.load_tokenizer(
+      os.path.join(source, tokenizer_lib.WORKDIR_FILENAME)
+    )
+    self.task = TASKS[c.task.name]
+    self.head = rows_lib.task_head(self.task, c.task)
+    self.metric = rows_lib.task_metric(self.task, c.task)
+    # Data first: a missing file fails before anything is built.
+    family = self.model_config.family
+    self.train_split = rows_lib.read_split(
+      c, 'train', self.tokenizer, family, c.task.max_train_examples
+    )
+    self.eval_splits = {
+      name: rows_lib.read_split(
+        c, name, self.tokenizer, family, c.task.max_eval_examples
+      )
+      for name in rows_lib.task_eval_splits(self.task, c.task)
+    }
+
+    self.mesh = mesh or sharding.make_mesh(c.mesh)
+    shards = self.mesh.shape['data'] * self.mesh.shape['fsdp']
+    self.batch_size = c.train.batch_size
+    self.eval_batch_size = c.train.eval_batch_size or c.train.batch_size
+    for name in ('batch_size', 'eval_batch_size'):
+      size = getattr(self, name)
+      if size % shards or size % jax.process_count():
+        raise ValueError(
+          f'train.{name}={size} must be a multiple of the {shards} '
+          'batch shards (mesh data x fsdp) and of the process count.'
+        )
+    self.steps_per_epoch = self.train_split.num_rows // self.batch_size
+    if not self.steps_per_epoch:
+      raise ValueError(
+        f'{self.train_split.num_rows} training rows make no batch of '
+        f'train.batch_size={self.batch_size}.'
+      )
+    self.num_steps = c.train.max_steps or (
+      c.train.num_epochs * self.steps_per_epoch
+    )
+    unfreeze_every = 0
+    if c.optimizer.gradual_unfreezing:
+      unfreeze_every = max(
+        round(c.optimizer.gradual_unfreezing * self.steps_per_epoch), 1
+      )
+
+    if self.is_chief:
+      train._write_run_files(config, workdir)
+      if not resuming:
+        self._copy_init_files()
+    self.model = build_model(c, self.model_config, self.tokenizer)
+    self.distill = bool(c.distill.teacher)
+    self.loss_fn = losses.loss_fn(
+      self.head,
+      text_to_text=c.head.text_to_text,
+      distill=self.distill,
+      alpha=c.distill.alpha,
+      temperature=c.distill.temperature,
+    )
+    self.tx, self.schedule = optimizer.make_optimizer(
+      c.optimizer,
+      self.num_steps,
+      self.model_config,
+      unfreeze_every=unfreeze_every,
+      freeze_backbone=c.head.freeze_backbone,
+    )
+    if self.distill:
+      self._add_teacher_outputs()
+    features = self.train_split.features
+    self.input_keys = tuple(k for k in rows_lib.INPUT_KEYS if k in features)
+    self.train_keys = (
+      self.input_keys
+      + losses.LABEL_KEYS[self.head]
+      + tuple(k for k in features if k.startswith(losses.TEACHER_PREFIX))
+    )
+    self.batch_shapes = _example_batch(
+      features, self.train_keys, self.batch_size
+    )
+    with self.context():
+      self.shardings = train.state_shardings(
+        self.model, self.tx, self.batch_shapes, self.mesh
+      )
+    batch_sharding = sharding.batch_sharding(self.mesh)
+    self.checkpointer = checkpoint_lib.Checkpointer(
+      os.path.join(workdir, checkpoint_lib.CHECKPOINT_DIR),
+      keep=c.checkpoint.keep,
+      async_save=c.checkpoint.async_save,
+    )
+    self.best_checkpointer = None
+    if c.checkpoint.keep_best:
+      self.best_checkpointer = checkpoint_lib.Checkpointer(
+        os.path.join(workdir, BEST_DIR),
+        keep=1,
+        async_save=c.checkpoint.async_save,
+      )
+    self._p_train_step = jax.jit(
+      functools.partial(
+        train.train_step,
+        model=self.model,
+        tx=self.tx,
+        loss_fn=self.loss_fn,
+        schedule=self.schedule,
+      ),
+      in_shardings=(self.shardings, batch_sharding),
+      out_shardings=(self.shardings, sharding.replicated(self.mesh)),
+      donate_argnums=0,
+    )
+    self._p_predict = jax.jit(
+      functools.partial(predict_step, model=self.model),
+      in_shardings=(self.shardings.params, batch_sharding),
+      out_shardings=sharding.replicated(self.mesh),
+    )
+
+  def context(self):
+    return _context(self.mesh)
+
+  def _copy_init_files(self) -> None:
+    """The body's pretraining config and tokenizer, so the workdir loads
+    (and resumes) on its own."""
+    name = tokenizer_lib.WORKDIR_FILENAME
+    tf.io.gfile.copy(
+      os.path.join(self.config.init.workdir, name),
+      os.path.join(self.workdir, name),
+      overwrite=True,
+    )
+    # Written last: its presence marks the workdir as resumable.
+    checkpoint_lib.write_json(
+      os.path.join(self.workdir, INIT_CONFIG_FILE), self.init_config
+    )
+
+  def _add_teacher_outputs(self) -> None:
+    """The teacher's outputs on every training row, computed once.
+
+    The teacher reads the examples with its own tokenizer and row length.
+    Sequence-level heads match rows by example; span and token heads need
+    the teacher's rows to be the student's (same tokenizer and layout).
+    """
+    c = self.config
+    teacher = load(c.distill.teacher, mesh=self.mesh)
+    if (
+      teacher.config.task.name != c.task.name
+      or rows_lib.task_head(teacher.task, teacher.config.task) != self.head
+    ):
+      raise ValueError(
+        f'distill.teacher={c.distill.teacher!r} was fine-tuned on '
+        f'{teacher.config.task.name} with another head; the student trains '
+        f'{c.task.name} ({self.head}).'
+      )
+    student = self.train_split.features
+    teacher_rows = rows_lib.featurize(
+      teacher.config,
+      self.train_split.examples,
+      teacher.tokenizer,
+      teacher.model_config.family,
+    )
+    outputs = teacher.predict(teacher_rows, self.eval_batch_size)
+    if self.head in ('classification', 'regression'):
+      order = np.argsort(teacher_rows['example_index'], kind='stable')
+      if not np.array_equal(
+        teacher_rows['example_index'][order], np.arange(len(order))
+      ):
+        raise ValueError('The teacher rows are not one per example.')
+      index = order[student['example_index']]
+    else:
+      if not np.array_equal(teacher_rows['input_ids'], student['input_ids']):
+        raise ValueError(
+          f'Distilling a {self.head} head needs the teacher to read the '
+          'same rows: the same tokenizer and task.seq_len.'
+        )
+      index = np.arange(self.train_split.num_rows)
+    for k in losses.OUTPUT_KEYS[self.head]:
+      student[losses.TEACHER_PREFIX + k] = outputs[k][index]
+
+  def checkpoint_meta(self, state: train.TrainState) -> dict[str, Any]:
+    step = int(state.step)
+    return {
+      'step': step,
+      'epoch': step // self.steps_per_epoch,
+      'tokenizer': {
+        'vocab_size': self.tokenizer.vocab_size,
+        'special_ids': self.tokenizer.special_ids,
+      },
+      'model_family': self.model_config.family,
+      'task': self.config.task.to_dict(),
+      'head': self.head,
+    }
+
+  def initial_state(self) -> train.TrainState:
+    """Init order: (1) the latest checkpoint in the workdir (an exact
+    resume), (2) the body's params from the init workdir's checkpoint with
+    a fresh head, (3) all fresh (init.random_init)."""
+    c = self.config
+    with self.context():
+      rng = jax.random.key(c.train.seed)
+      create = functools.partial(
+        train.create_train_state,
+        model=self.model,
+        tx=self.tx,
+        shardings=self.shardings,
+      )
+      abstract = jax.eval_shape(create, rng, self.batch_shapes)
+      abstract = jax.tree.map(
+        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+        abstract,
+        self.shardings,
+      )
+      latest = self.checkpointer.latest_step()
+      if latest is not None:  # (1)
+        state, meta = self.checkpointer.restore(latest, abstract)
+        train._check_tokenizer_matches(meta, self.tokenizer, self.checkpointer)
+        return state
+      state = create(rng, self.batch_shapes)
+      if not c.init.random_init:  # (2)
+        body = restore_backbone(
+          c.init.workdir,
+          c.init.step or None,
+          abstract.params['backbone'],
+          self.model_config.family,
+        )
+        state = state.replace(params=dict(state.params, backbone=body))
+      return state  # (3) with init.random_init
+
+  def evaluate(self, params) -> dict[str, float]:
+    """The task's metrics on each held-out split: eval_<metric> (dev),
+    eval_<split>_<metric> (others)."""
+    out = {}
+    for name, split in self.eval_splits.items():
+      with self.context():
+        predictions = run_predictions(
+          self._p_predict,
+          params,
+          split.features,
+          keys=self.input_keys,
+          batch_size=self.eval_batch_size,
+          mesh=self.mesh,
+        )
+      scores = self.task.evaluate(
+        split.examples, split.features, predictions, self.config.task
+      )
+      loss = losses.eval_loss(
+        self.head,
+        predictions,
+        split.features,
+        self.config.head.text_to_text,
+      )
+      if loss is not None:
+        scores['loss'] = loss
+      prefix = 'eval_' if name == 'dev' else f'eval_{name}_'
+      out.update({prefix + k: float(v) for k, v in scores.items()})
+    return out
+
+  def train_batch(self, step: int) -> dict[str, np.ndarray]:
+    """This host's rows of step `step`: a fresh shuffle every epoch.
+
+    The order depends only on (seed, epoch), so a resumed run continues
+    mid-epoch with exactly the rows it would have seen.
+    """
+    epoch, index = divmod(step, self.steps_per_epoch)
+    if getattr(self, '_epoch', None) != epoch:
+      rng = np.random.default_rng([self.config.train.seed, epoch])
+      self._order = rng.permutation(self.train_split.num_rows)
+      self._epoch = epoch
+    B = self.batch_size
+    rows = _host_rows(self._order[index * B : (index + 1) * B])
+    features = self.train_split.features
+    return {k: features[k][rows] for k in self.train_keys}
+
+  def _is_due(self, every: int, step: int) -> bool:
+    """Every `every` steps, or at each epoch's end when it is 0."""
+    if every:
+      return step % every == 0
+    return step % self.steps_per_epoch == 0
+
+  def run(self) -> dict[str, Any]:
+    """The fine-tuning loop; returns results.json's content."""
+    c = self.config
+    state = self.initial_state()
+    start = int(state.step)
+    results = _Results(self.workdir, self.metric, self.is_chief)
+    writer = metrics_lib.MetricWriter(
+      self.workdir,
+      total_steps=self.num_steps,
+      initial_step=start,
+      enabled=self.is_chief,
+      progress_bar=c.train.progress_bar,
+    )
+    writer.print(
+      f'{c.task.name} ({self.head}): {self.train_split.num_rows} training '
+      f'rows, {self.steps_per_epoch} steps per epoch, {self.num_steps} '
+      'steps.'
+    )
+    if start:
+      writer.print(f'Resumed from {self.checkpointer.directory} at {start}.')
+    stop = train._StopSignal()
+
+    step, pending, window = start, None, []
+    last_time, last_step = time.perf_counter(), start
+    while step < self.num_steps:
+      batch = sharding.host_to_global(self.train_batch(step), self.mesh)
+      with self.context():
+        state, step_metrics = self._p_train_step(state, batch)
+      step += 1
+      # Read step t-1's metrics only after step t is dispatched.
+      if pending is not None:
+        window.append(jax.device_get(pending))
+      pending = step_metrics
+      writer.advance()
+
+      last = step == self.num_steps
+      if step % c.train.log_every == 0 or last:
+        window.append(jax.device_get(pending))
+        pending = None
+        now = time.perf_counter()
+        logged = {k: float(np.mean([m[k] for m in window])) for k in window[0]}
+        logged['examples_per_s'] = (
+          (step - last_step) * self.batch_size / (now - last_time)
+        )
+        writer.write(step, logged)
+        window, last_time, last_step = [], now, step
+      if self._is_due(c.train.eval_every, step) or last:
+        scores = self.evaluate(state.params)
+        writer.write(step, scores)
+        improved = results.add(step, scores, last)
+        best = results.content['best']
+        # The console shows the headline metrics; metrics.jsonl has all.
+        key = 'eval_' + self.metric
+        shown = [key] + [k for k in scores if k != key][:3]
+        writer.print(
+          f'step {step}: '
+          + ' '.join(f'{k}={scores[k]:.4f}' for k in shown)
+          + f' (best {key}={best[key]:.4f} at step {best["step"]})'
+        )
+        if improved and self.best_checkpointer:
+          self.best_checkpointer.save(step, state, self.checkpoint_meta(state))
+      exiting = stop.requested() or (
+        c.train.exit_interval and step % c.train.exit_interval == 0
+      )
+      if self._is_due(c.checkpoint.every, step) or last or exiting:
+        self.checkpointer.save(step, state, self.checkpoint_meta(state))
+      if exiting and not last:
+        writer.print(
+          f'Stopping at step {step} (checkpoint saved); run the same '
+          'command again to continue.'
+        )
+        break
+
+    for checkpointer in (self.checkpointer, self.best_checkpointer):
+      if checkpointer:
+        checkpointer.wait()
+        checkpointer.close()
+    stop.restore()
+    writer.close()
+    self.state = state
+    return results.content
+
+
+def restore_backbone(
+  init_workdir: str, step: int | None, abstract_body, family: str
+):
+  """The body's params from a pretraining checkpoint, into its shardings.
+
+  A partial restore: the pretraining heads fine-tuning does not use (MLM,
+  NSP) stay on disk.
+  """
+  source = checkpoint_lib.Checkpointer(
+    checkpoint_lib.checkpoint_dir(init_workdir), keep=0, read_only=True
+  )
+  step = source.latest_step() if step is None else step
+  if step is None:
+    raise FileNotFoundError(f'No checkpoint in {source.directory!r}.')
+  names = model_lib.PRETRAINED_NAMES.get(family, {})
+  renamed = {names.get(k, k): v for k, v in abstract_body.items()}
+  params = source.restore_params(step, renamed)
+  source.close()
+  back = {v: k for k, v in names.items()}
+  return {back.get(k, k): v for k, v in params.items()}
+
+
+class _Results:
+  """results.json: the metric's best dev evaluation, the final one, all."""
+
+  def __init__(self, workdir: str, metric: str, enabled: bool):
+    self.path = os.path.join(workdir, RESULTS_FILE)
+    self.enabled = enabled
+    self.content = {'metric': metric, 'best': None, 'final': None, 'evals': []}
+    if tf.io.gfile.exists(self.path):  # a resumed run keeps its history
+      self.content = checkpoint_lib.read_json(self.path)
+
+  def add(self, step: int, scores: dict[str, float], final: bool) -> bool:
+    """Records an evaluation; True when it is the best so far."""
+    key = 'eval_' + self.content['metric']
+    record = {'step': step, **scores}
+    best = self.content['best']
+    improved = best is None or scores[key] > best[key]
+    if improved:
+      self.content['best'] = record
+    self.content['evals'] = [
+      e for e in self.content['evals'] if e['step'] != step
+    ] + [record]
+    if final:
+      self.content['final'] = record
+    if self.enabled:
+      checkpoint_lib.write_json(self.path, self.content)
+    return improved
+
+
+def finetune(
+  config: ml_collections.ConfigDict,
+  workdir: str,
+  mesh: jax.sharding.Mesh | None = None,
+) -> dict[str, Any]:
+  """Fine-tunes as `config` says in `workdir` (resuming if it holds a run).
+
+  Returns results.json's content: {'metric': name, 'best': {'step': ...,
+  'eval_<metric>': ...}, 'final': {...}, 'evals': [...]}.
+  """
+  return Trainer(config, workdir, mesh).run()
