@@ -69,8 +69,14 @@ class MetricWriter:
         smoothing=0.1,
       )
 
-  def write(self, step: int, scalars: dict[str, Any]) -> None:
-    """Records one logged step's scalars (NaN-free JSON: None for missing)."""
+  def write(
+    self, step: int, scalars: dict[str, Any], console: bool = True
+  ) -> None:
+    """Records one logged step's scalars (NaN-free JSON: None for missing).
+
+    With console=False they go only to metrics.jsonl and TensorBoard (the
+    caller prints its own line).
+    """
     if not self.enabled:
       return
     clean = {k: _to_float(v) for k, v in scalars.items()}
@@ -81,6 +87,8 @@ class MetricWriter:
     self._tb.flush()
     self._jsonl.write(json.dumps({'step': step, **clean}) + '\n')
     self._jsonl.flush()
+    if not console:
+      return
     # The console shows a NaN or inf loss as it is; only JSON needs null.
     line = ' '.join(
       f'{k}={_fmt(float(v))}'

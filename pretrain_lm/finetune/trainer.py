@@ -580,7 +580,7 @@ class Trainer:
         window, last_time, last_step = [], now, step
       if self._is_due(c.train.eval_every, step) or last:
         scores = self.evaluate(state.params)
-        writer.write(step, scores)
+        writer.write(step, scores, console=False)
         improved = results.add(step, scores, last)
         best = results.content['best']
         # The console shows the headline metrics; metrics.jsonl has all.
