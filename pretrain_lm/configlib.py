@@ -6,6 +6,7 @@ naming a field that does not exist (`--config.train.num_step=5`) fails at once
 with the list of valid fields, before anything is built or compiled.
 """
 
+import importlib.util
 import os
 
 import ml_collections
@@ -228,6 +229,21 @@ def laptop_schedule(c: ml_collections.ConfigDict) -> None:
   c.train.log_every = 25
   c.train.eval_every = 150
   c.checkpoint.every = 100
+
+
+def load_file(spec: str) -> ml_collections.ConfigDict:
+  """`'configs/bert.py:size=tiny'` -> that file's get_config('size=tiny').
+
+  What `--config=...` does on the command line, for notebooks and scripts.
+  """
+  path, _, arg = spec.partition(':')
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f'Config file {path!r} does not exist.')
+  name = os.path.splitext(os.path.basename(path))[0]
+  module_spec = importlib.util.spec_from_file_location(f'{name}_config', path)
+  module = importlib.util.module_from_spec(module_spec)
+  module_spec.loader.exec_module(module)
+  return module.get_config(arg or None)
 
 
 def lock(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:

@@ -137,3 +137,13 @@ def test_preset_trains_loss_falls_and_round_trips_on_a_2x2x2_mesh(
     jax.tree.leaves(trained), jax.tree.leaves(restored), strict=True
   ):
     np.testing.assert_array_equal(a, b)
+
+
+def test_load_file_is_what_the_config_flag_loads():
+  from pretrain_lm import configlib
+
+  path = os.path.join(REPO, 'configs', 'bert.py')
+  loaded = configlib.load_file(f'{path}:size=tiny,objective=nsp')
+  assert loaded == get_config('bert', 'size=tiny,objective=nsp')
+  with pytest.raises(FileNotFoundError, match='no_such.py'):
+    configlib.load_file('configs/no_such.py:size=tiny')
