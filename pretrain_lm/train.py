@@ -62,11 +62,8 @@ def learning_rate_schedule(opt: ml_collections.ConfigDict, num_steps: int):
   return optax.join_schedules([warmup, after], [opt.warmup_steps])
 
 
-def make_optimizer(opt: ml_collections.ConfigDict, num_steps: int):
-  """AdamW with global-norm clipping; returns (tx, schedule)."""
-  if opt.name != 'adamw':
-    raise ValueError(f"optimizer.name={opt.name!r}; only 'adamw' is known.")
-  schedule = learning_rate_schedule(opt, num_steps)
+def adamw_chain(opt: ml_collections.ConfigDict, schedule) -> list:
+  """Global-norm clipping, then AdamW at `schedule` (optax transforms)."""
   # BERT exempts biases and LayerNorm parameters (the 1-D ones) from decay.
   decay_mask = lambda params: jax.tree.map(lambda p: p.ndim > 1, params)
   chain = []
@@ -82,7 +79,15 @@ def make_optimizer(opt: ml_collections.ConfigDict, num_steps: int):
       mask=decay_mask,
     )
   )
-  return optax.chain(*chain), schedule
+  return chain
+
+
+def make_optimizer(opt: ml_collections.ConfigDict, num_steps: int):
+  """AdamW with global-norm clipping; returns (tx, schedule)."""
+  if opt.name != 'adamw':
+    raise ValueError(f"optimizer.name={opt.name!r}; only 'adamw' is known.")
+  schedule = learning_rate_schedule(opt, num_steps)
+  return optax.chain(*adamw_chain(opt, schedule)), schedule
 
 
 def abstract_batch(element_spec: dict) -> dict:

@@ -17,6 +17,7 @@ import ml_collections
 import numpy as np
 import optax
 
+from pretrain_lm import train
 from pretrain_lm.finetune import model as model_lib
 from pretrain_lm.models import ModelConfig
 
@@ -185,21 +186,7 @@ def make_optimizer(
 ):
   """AdamW with clipping and ULMFiT's options; returns (tx, schedule)."""
   schedule = learning_rate_schedule(opt, num_steps)
-  # BERT exempts biases and LayerNorm parameters (the 1-D ones) from decay.
-  decay_mask = lambda params: jax.tree.map(lambda p: p.ndim > 1, params)
-  chain = []
-  if opt.grad_clip_norm:
-    chain.append(optax.clip_by_global_norm(opt.grad_clip_norm))
-  chain.append(
-    optax.adamw(
-      schedule,
-      b1=opt.b1,
-      b2=opt.b2,
-      eps=opt.eps,
-      weight_decay=opt.weight_decay,
-      mask=decay_mask,
-    )
-  )
+  chain = train.adamw_chain(opt, schedule)
   # Scaling AdamW's final update scales its learning rate, decay included.
   if opt.layer_lr_decay != 1.0:
     chain.append(discriminative_lr(cfg, opt.layer_lr_decay))
