@@ -561,3 +561,47 @@ def test_distillation_loss_is_the_hand_computation():
   mixed = jax.grad(lambda s: fn({'logits': s}, batch)[0])(student)
   mixed_other = jax.grad(lambda s: fn({'logits': s}, other)[0])(student)
   assert not np.allclose(mixed, mixed_other)
+
+
+# --- Span extraction and token classification, end to end.
+
+
+@pytest.mark.parametrize('task', ['squad', 'conll'])
+def test_span_and_token_tasks_train_and_report_official_metrics(
+  task, bert, tmp_path
+):
+  data = tmp_path / 'data'
+  data.mkdir()
+  fixtures = os.path.join(REPO, 'tests', 'data', task)
+  if task == 'squad':
+    # The dev fixture doubles as training data: the loss must fall on it.
+    with open(os.path.join(fixtures, 'dev-v1.1.json')) as f:
+      content = f.read()
+    for split in ('train', 'dev'):
+      (data / f'{split}-v1.1.json').write_text(content)
+    metric, other = 'eval_f1', 'eval_exact_match'
+  else:
+    for name in ('train.txt', 'valid.txt'):
+      with open(os.path.join(fixtures, name)) as f:
+        (data / name).write_text(f.read())
+    metric, other = 'eval_f1', 'eval_precision'
+  c = load_config(f'finetune/{task}', f'data={data}')
+  c.init.workdir = bert
+  c.task.seq_len = 64
+  if task == 'squad':
+    c.task.max_query_len = 16
+    c.task.doc_stride = 24
+  c.train.batch_size = 4  # the CoNLL fixture has 5 training sentences
+  c.train.max_steps = 30
+  c.train.log_every = 5
+  c.train.eval_every = 30
+  c.train.progress_bar = False
+  c.optimizer.learning_rate = 2e-3
+  c.checkpoint.async_save = False
+  results = trainer.finetune(c, str(tmp_path / 'run'), one_device())
+  assert results['metric'] == metric[len('eval_') :]
+  final = results['final']
+  assert 0.0 <= final[metric] <= 100.0 and 0.0 <= final[other] <= 100.0
+  losses_ = [r['loss'] for r in read_metrics(tmp_path / 'run') if 'loss' in r]
+  assert len(losses_) == 6 and all(math.isfinite(x) for x in losses_)
+  assert losses_[-1] < losses_[0] - 0.2, losses_
