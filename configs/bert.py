@@ -29,10 +29,13 @@ a few minutes on a laptop CPU with the bundled WikiText-2 corpus.
   rows of 512 tokens filled with whole documents (`full_sentences`), 2.4M
   steps. SpanBERT's span boundary objective is not implemented.
 
-The recipe is BERT's: AdamW (lr 1e-4, b1 0.9, b2 0.999, eps 1e-6, weight decay
-0.01 on all but biases and LayerNorm), 10k warmup steps then linear decay to
-zero, dropout 0.1, GELU, post-LN, MLM head tied to the token embedding, 15% of
-tokens predicted (80% [MASK] / 10% random / 10% kept).
+The recipe is BERT's: 90% of the steps on rows of 128 tokens, the rest on
+rows of 512 (`data.seq_len_schedule='0.9:128'`, `data.seq_len=512`), AdamW
+(lr 1e-4, b1 0.9, b2 0.999, eps 1e-6, weight decay 0.01 on all but biases
+and LayerNorm), 10k warmup steps then linear decay to zero, dropout 0.1,
+GELU, post-LN, MLM head tied to the token embedding, 15% of tokens
+predicted (80% [MASK] / 10% random / 10% kept). For large batches (You et
+al., 2020) add `--config.optimizer.name=lamb`.
 """
 
 from pretrain_lm import configlib
@@ -65,14 +68,16 @@ def get_config(arg=None):
   elif arg.objective in ('whole_word', 'span'):
     c.objective.masking = arg.objective
 
-  # BERT trained 90% of steps at length 128, batch 256 (and the rest at 512).
-  c.data.seq_len = 128
+  # BERT trained 90% of steps at length 128, then 10% at 512, batch 256;
+  # the position table is sized for 512 throughout.
+  c.data.seq_len = 512
+  c.data.seq_len_schedule = '0.9:128'
   c.data.batch_size = 256
   # BERT's rows hold text from one document only (NSP splits that piece);
   # SpanBERT's are single contiguous texts of up to 512 tokens.
   c.data.packing = 'doc_sentences'
   if arg.objective == 'span':
-    c.data.seq_len = 512
+    c.data.seq_len_schedule = ''
     c.data.packing = 'full_sentences'
 
   c.optimizer.learning_rate = 1e-4

@@ -18,7 +18,11 @@ v1.1 base has 247.6M.
 The objective is the paper's span corruption (`span_corruption`): 15% of
 the tokens are noise, in spans of mean length 3, so rows of 568 raw tokens
 become 512 encoder inputs and at most 114 targets; 100 sentinel ids are
-kept out of the tokenizer's vocabulary. AdamW stands in for Adafactor.
+kept out of the tokenizer's vocabulary. The optimizer is T5's Adafactor
+(factored second moments, update clipping at RMS 1, parameter-scaled
+steps, no momentum, no weight decay or global-norm clipping) at 0.01 for
+10k steps, then 1/sqrt(step) (`optimizer.decay='rsqrt'`); the 10k steps
+ramp up linearly here where T5 held 0.01.
 """
 
 from pretrain_lm import configlib
@@ -64,11 +68,16 @@ def get_config(arg=None):
   c.data.seq_len = 512
   c.data.batch_size = 128
 
-  c.optimizer.learning_rate = 1e-3
+  c.optimizer.name = 'adafactor'
+  c.optimizer.learning_rate = 1e-2
   c.optimizer.warmup_steps = 10_000
+  c.optimizer.decay = 'rsqrt'
   c.optimizer.weight_decay = 0.0
+  c.optimizer.grad_clip_norm = 0.0
   c.train.num_steps = 524_288  # 2^19, T5's pretraining length
 
   if arg.size == 'tiny':
     configlib.laptop_schedule(c)
+    # Adafactor's steps are relative to each weight's scale: 1e-2, not 1e-3.
+    c.optimizer.learning_rate = 1e-2
   return configlib.lock(c)

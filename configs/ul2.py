@@ -32,8 +32,8 @@ bidirectionally (a prefix LM), only the targets predicted; like the T5 v1.1
 layout it has no dropout in pretraining.
 
 Both keep T5's SentencePiece vocabulary of 32,128 ids, 100 sentinels and
-the three paradigm tokens reserved, and t5.py's schedule (batch 128 of 512
-tokens, 2^19 steps, AdamW at 1e-3 standing in for Adafactor).
+the three paradigm tokens reserved, and t5.py's schedule and optimizer
+(batch 128 of 512 tokens, 2^19 steps, Adafactor at 0.01 then 1/sqrt(step)).
 """
 
 from pretrain_lm import configlib
@@ -67,13 +67,19 @@ def get_config(arg=None):
   c.data.seq_len = 512
   c.data.batch_size = 128
 
-  c.optimizer.learning_rate = 1e-3
+  # T5's Adafactor (configs/t5.py says which settings).
+  c.optimizer.name = 'adafactor'
+  c.optimizer.learning_rate = 1e-2
   c.optimizer.warmup_steps = 10_000
+  c.optimizer.decay = 'rsqrt'
   c.optimizer.weight_decay = 0.0
+  c.optimizer.grad_clip_norm = 0.0
   c.train.num_steps = 524_288  # 2^19, T5's pretraining length
 
   if size == 'tiny':
     configlib.laptop_schedule(c)
+    # Adafactor's steps are relative to each weight's scale: 1e-2, not 1e-3.
+    c.optimizer.learning_rate = 1e-2
   return configlib.lock(c)
 
 

@@ -130,8 +130,11 @@ class Checkpointer:
     self.manager.close()
 
 
-def _git_commit() -> str:
+def git_commit() -> str:
   """The source tree's commit, with '+dirty' when it has local changes."""
+  # Launchers that copy the code without .git (launch/tpu_pod.sh) say it.
+  if os.environ.get('PRETRAIN_LM_GIT_COMMIT'):
+    return os.environ['PRETRAIN_LM_GIT_COMMIT']
   src = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   try:
     commit = subprocess.run(
@@ -167,7 +170,7 @@ def _versions() -> dict[str, str]:
 def run_metadata() -> dict[str, Any]:
   """What a later reader needs to reproduce this run."""
   return {
-    'git_commit': _git_commit(),
+    'git_commit': git_commit(),
     'versions': _versions(),
     'argv': sys.argv,
     'started': datetime.datetime.now(datetime.UTC).isoformat(),

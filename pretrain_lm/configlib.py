@@ -161,6 +161,13 @@ def base_config() -> ml_collections.ConfigDict:
   c.data.tokenizer_type = 'unigram'  # or 'bpe', 'char'
   c.data.tokenizer_max_docs = 200_000  # documents sampled to train it
   c.data.seq_len = 128
+  # Shorter rows for the first part of the run, as 'fraction:length,...':
+  # until fraction x train.num_steps the rows have that length, then the
+  # next stage's, and data.seq_len (the longest) after the last. BERT:
+  # '0.9:128' with data.seq_len=512. '' trains at data.seq_len throughout.
+  # Each stage reads its own stream from its first batch; evaluation and
+  # the learned-position table use data.seq_len.
+  c.data.seq_len_schedule = ''
   # How documents fill rows: 'full_sentences' (RoBERTa: back to back, a
   # [SEP] after each), 'doc_sentences' (rows never cross a document) or
   # 'concat' (GPT: no [CLS], documents cut anywhere). Packed documents
@@ -172,6 +179,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.data.eval_batches = 8
 
   c.optimizer = ml_collections.ConfigDict()
+  # 'adamw', 'lamb' (You et al., 2020: large-batch BERT; uses b1, b2, eps,
+  # weight_decay) or 'adafactor' (T5: factored second moments, the adafactor_*
+  # fields; b1, b2 and eps unused).
   c.optimizer.name = 'adamw'
   c.optimizer.learning_rate = 1e-4
   c.optimizer.b1 = 0.9
@@ -180,14 +190,24 @@ def base_config() -> ml_collections.ConfigDict:
   c.optimizer.weight_decay = 0.01
   c.optimizer.warmup_steps = 10_000
   # After warmup: 'linear' or 'cosine' to final_learning_rate at
-  # train.num_steps, or 'constant'.
+  # train.num_steps, 'constant', or 'rsqrt' (T5: learning_rate x
+  # sqrt(warmup_steps / step), so 1/sqrt(step) with T5's 0.01 and 10k).
   c.optimizer.decay = 'linear'
   c.optimizer.final_learning_rate = 0.0
   c.optimizer.grad_clip_norm = 1.0  # 0 disables clipping
+  # Adafactor's second-moment decay 1 - t^-rate (T5: 0.8), momentum (0: none,
+  # as T5) and parameter-scaled steps (lr relative to each weight's RMS).
+  c.optimizer.adafactor_decay_rate = 0.8
+  c.optimizer.adafactor_momentum = 0.0
+  c.optimizer.adafactor_param_scale = True
 
   c.train = ml_collections.ConfigDict()
   c.train.num_steps = 1_000_000
   c.train.seed = 0
+  # Microbatches per step, scanned inside the jitted step with their
+  # gradients summed: the update is data.batch_size's (still the global
+  # batch) at 1/grad_accum_steps of the activation memory.
+  c.train.grad_accum_steps = 1
   c.train.log_every = 100
   c.train.eval_every = 10_000
   # Save a checkpoint and exit cleanly at every multiple of this step (0:
@@ -221,6 +241,7 @@ def laptop_schedule(c: ml_collections.ConfigDict) -> None:
   """
   c.model.vocab_size = 8192
   c.data.seq_len = 128
+  c.data.seq_len_schedule = ''
   c.data.batch_size = 32
   c.data.shuffle_buffer = 1000
   c.optimizer.learning_rate = 1e-3

@@ -3,10 +3,13 @@ r"""Pretrains a model: `python -m pretrain_lm.main --config=... --workdir=...`.
   python -m pretrain_lm.main --config=configs/bert.py:size=tiny \
       --workdir=/tmp/run --config.train.num_steps=300
 
-Rerunning the same command resumes from the latest checkpoint in --workdir.
+Rerunning the same command resumes from the latest checkpoint in --workdir;
+exit code 75 (stopped by a signal, checkpoint saved) asks for exactly that.
+Multi-host: run it on every host (see pretrain_lm/distributed.py).
 """
 
 import os
+import sys
 
 # TensorFlow is only the input pipeline: keep its C++ logs quiet and keep it
 # off accelerators (pipeline.py also hides GPUs from it).
@@ -15,7 +18,7 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 from absl import app, flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from pretrain_lm import validate  # noqa: E402
+from pretrain_lm import distributed, validate  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file(
   'config',
@@ -39,13 +42,20 @@ def main(argv):
   # Bad input fails here, in seconds, before tokenizer training or compiling.
   try:
     validate.check_config(config)
+    distributed.initialize_from_flags()  # before anything touches devices
   except (ValueError, FileNotFoundError) as e:
     raise SystemExit(f'error: {e}') from None
 
   from pretrain_lm import train  # JAX/TF import is slow; errors come first.
 
   logging.info('Config:\n%s', config)
-  train.train_and_evaluate(config, workdir)
+  trainer = train.Trainer(config, workdir)
+  trainer.run()
+  if trainer.preempted:
+    print(f'Exiting with code {train.EXIT_RESUME}: rerun to resume.')
+    sys.exit(train.EXIT_RESUME)
+  if not trainer.is_chief:
+    return
   print(
     f'\nCheckpoints, metrics.jsonl and TensorBoard logs are in {workdir}.\n'
     'Load the model in Python:\n'

@@ -18,12 +18,16 @@ from flax import linen as nn
 from jax.experimental import multihost_utils
 
 from pretrain_lm import checkpoint as checkpoint_lib
+from pretrain_lm import distributed, objectives, sharding
 from pretrain_lm import metrics as metrics_lib
-from pretrain_lm import objectives, sharding
 from pretrain_lm.data import pipeline
 from pretrain_lm.data import tokenizer as tokenizer_lib
 from pretrain_lm.models import MODELS, ModelConfig
 from pretrain_lm.objectives import OBJECTIVES, loss_fn
+
+# Exit code of a run stopped by SIGTERM/SIGINT after saving its checkpoint:
+# "resume me" (EX_TEMPFAIL in sysexits.h); launchers rerun on it.
+EXIT_RESUME = 75
 
 
 @flax.struct.dataclass
@@ -54,40 +58,100 @@ def learning_rate_schedule(opt: ml_collections.ConfigDict, num_steps: int):
     )
   elif opt.decay == 'constant':
     after = optax.constant_schedule(opt.learning_rate)
+  elif opt.decay == 'rsqrt':  # T5: 1/sqrt(step) after warmup_steps
+    w = max(opt.warmup_steps, 1)
+    after = lambda t: opt.learning_rate * jnp.sqrt(w / (t + w))
   else:
     raise ValueError(
-      f"optimizer.decay={opt.decay!r}; expected 'linear', 'cosine' or "
-      "'constant'."
+      f"optimizer.decay={opt.decay!r}; expected 'linear', 'cosine', "
+      "'constant' or 'rsqrt'."
     )
   return optax.join_schedules([warmup, after], [opt.warmup_steps])
 
 
+def _decay_mask(params):
+  # BERT exempts biases and LayerNorm parameters (the 1-D ones) from decay.
+  return jax.tree.map(lambda p: p.ndim > 1, params)
+
+
+def _clipping(opt: ml_collections.ConfigDict) -> list:
+  if not opt.grad_clip_norm:
+    return []
+  return [optax.clip_by_global_norm(opt.grad_clip_norm)]
+
+
 def adamw_chain(opt: ml_collections.ConfigDict, schedule) -> list:
   """Global-norm clipping, then AdamW at `schedule` (optax transforms)."""
-  # BERT exempts biases and LayerNorm parameters (the 1-D ones) from decay.
-  decay_mask = lambda params: jax.tree.map(lambda p: p.ndim > 1, params)
-  chain = []
-  if opt.grad_clip_norm:
-    chain.append(optax.clip_by_global_norm(opt.grad_clip_norm))
-  chain.append(
+  return _clipping(opt) + [
     optax.adamw(
       schedule,
       b1=opt.b1,
       b2=opt.b2,
       eps=opt.eps,
       weight_decay=opt.weight_decay,
-      mask=decay_mask,
+      mask=_decay_mask,
     )
-  )
-  return chain
+  ]
+
+
+def lamb_chain(opt: ml_collections.ConfigDict, schedule) -> list:
+  """Global-norm clipping, then LAMB (You et al., 2020: large-batch BERT)."""
+  # optax's trust ratio covers every parameter; the paper's code also
+  # exempts biases and LayerNorm from it, only from decay here.
+  return _clipping(opt) + [
+    optax.lamb(
+      schedule,
+      b1=opt.b1,
+      b2=opt.b2,
+      eps=opt.eps,
+      weight_decay=opt.weight_decay,
+      mask=_decay_mask,
+    )
+  ]
+
+
+def adafactor_chain(opt: ml_collections.ConfigDict, schedule) -> list:
+  """Adafactor as T5 trained with it (Shazeer & Stern, 2018)."""
+  # T5 (Mesh TF): factored second moments for dims >= 128, decay 1 - t^-0.8,
+  # update clipping at RMS 1, steps relative to each parameter's RMS, no
+  # momentum. Our schedule is always explicit, so the paper's relative
+  # step size (1/sqrt(t)) is the schedule's job, not the optimizer's.
+  decay = None
+  if opt.weight_decay:
+    # Decoupled and scaled by the learning rate, as AdamW's.
+    decay = lambda count: opt.weight_decay * schedule(count)
+  return _clipping(opt) + [
+    optax.adafactor(
+      schedule,
+      min_dim_size_to_factor=128,
+      decay_rate=opt.adafactor_decay_rate,
+      multiply_by_parameter_scale=opt.adafactor_param_scale,
+      clipping_threshold=1.0,
+      momentum=opt.adafactor_momentum or None,
+      eps=1e-30,
+      factored=True,
+      weight_decay_rate=decay,
+      weight_decay_mask=_decay_mask,
+    )
+  ]
+
+
+# optimizer.name -> its optax chain (clipping included).
+OPTIMIZERS = {
+  'adamw': adamw_chain,
+  'lamb': lamb_chain,
+  'adafactor': adafactor_chain,
+}
 
 
 def make_optimizer(opt: ml_collections.ConfigDict, num_steps: int):
-  """AdamW with global-norm clipping; returns (tx, schedule)."""
-  if opt.name != 'adamw':
-    raise ValueError(f"optimizer.name={opt.name!r}; only 'adamw' is known.")
+  """The optimizer.name chain at the run's schedule; returns (tx, schedule)."""
+  if opt.name not in OPTIMIZERS:
+    raise ValueError(
+      f'optimizer.name={opt.name!r}; valid: {sorted(OPTIMIZERS)}.'
+    )
   schedule = learning_rate_schedule(opt, num_steps)
-  return optax.chain(*adamw_chain(opt, schedule)), schedule
+  return optax.chain(*OPTIMIZERS[opt.name](opt, schedule)), schedule
 
 
 def abstract_batch(element_spec: dict) -> dict:
@@ -111,8 +175,33 @@ def init_fn(rng, batch, *, model, tx) -> TrainState:
   return TrainState(
     step=jnp.zeros((), jnp.int32),
     params=params,
-    opt_state=tx.init(params),
+    opt_state=_fit_boxes(tx.init(params)),
     rng=jax.random.key_data(jax.random.fold_in(rng, 1)),
+  )
+
+
+def _fit_boxes(opt_state):
+  """Unshards optimizer-state boxes that no longer fit their values.
+
+  Optimizer state mapped over boxed params keeps each param's logical axis
+  names, which is right for Adam's moments but not for Adafactor's
+  factored ones (a [D, F] kernel's row statistics are [D]) nor for its
+  [1] placeholders: those small vectors are replicated instead.
+  """
+
+  def fit(box):
+    value = box.value
+    if len(box.names) == value.ndim and all(
+      name is None or size > 1
+      for name, size in zip(box.names, value.shape, strict=True)
+    ):
+      return box
+    return box.replace(names=(None,) * value.ndim)
+
+  return jax.tree.map(
+    lambda x: fit(x) if isinstance(x, nn.Partitioned) else x,
+    opt_state,
+    is_leaf=lambda x: isinstance(x, nn.Partitioned),
   )
 
 
@@ -122,7 +211,33 @@ def state_shardings(model, tx, batch, mesh):
     functools.partial(init_fn, model=model, tx=tx), jax.random.key(0), batch
   )
   logical_specs = nn.get_partition_spec(abstract)
-  return sharding.logical_to_sharding(logical_specs, mesh)
+  shardings = sharding.logical_to_sharding(logical_specs, mesh)
+  shapes = jax.tree.map(
+    lambda x: (
+      x.unbox(apply_constraint=False) if isinstance(x, nn.Partitioned) else x
+    ),
+    abstract,
+    is_leaf=lambda x: isinstance(x, nn.Partitioned),
+  )
+  return jax.tree.map(lambda s, x: _fit_to_shape(s, x.shape), shardings, shapes)
+
+
+def _fit_to_shape(named: jax.sharding.NamedSharding, shape) -> Any:
+  """Replicates the dims a rule's mesh axes do not divide.
+
+  E.g. RoBERTa's and GPT-2's odd vocabularies (50265, 50257 rows) over
+  tensor=2: jit cannot split them unevenly, so their token tables are
+  split over fsdp only (pad model.vocab_size to a multiple of 128 to
+  split them over tensor too).
+  """
+  spec = list(named.spec) + [None] * (len(shape) - len(named.spec))
+  for dim, axes in enumerate(spec):
+    names = (axes,) if isinstance(axes, str) else axes or ()
+    if shape[dim] % int(np.prod([named.mesh.shape[a] for a in names])):
+      spec[dim] = None
+  return jax.sharding.NamedSharding(
+    named.mesh, jax.sharding.PartitionSpec(*spec)
+  )
 
 
 def create_train_state(rng, batch, *, model, tx, shardings) -> TrainState:
@@ -131,24 +246,34 @@ def create_train_state(rng, batch, *, model, tx, shardings) -> TrainState:
   return jax.jit(init, out_shardings=shardings)(rng, batch)
 
 
-def train_step(state: TrainState, batch, *, model, tx, loss_fn, schedule):
+def train_step(
+  state: TrainState,
+  batch,
+  *,
+  model,
+  tx,
+  loss_fn,
+  schedule,
+  grad_accum_steps: int = 1,
+):
   """One optimizer step; pure, so jit can shard and donate it."""
   dropout_rng = jax.random.fold_in(
     jax.random.wrap_key_data(state.rng), state.step
   )
 
-  def compute_loss(params):
+  def compute_loss(params, batch, rng):
     outputs = model.apply(
-      {'params': params},
-      batch,
-      deterministic=False,
-      rngs={'dropout': dropout_rng},
+      {'params': params}, batch, deterministic=False, rngs={'dropout': rng}
     )
     return loss_fn(outputs, batch)
 
-  (_, metrics), grads = jax.value_and_grad(compute_loss, has_aux=True)(
-    state.params
-  )
+  grad_fn = jax.value_and_grad(compute_loss, has_aux=True)
+  if grad_accum_steps == 1:
+    (_, metrics), grads = grad_fn(state.params, batch, dropout_rng)
+  else:
+    grads, metrics = accumulate_gradients(
+      grad_fn, state.params, batch, dropout_rng, grad_accum_steps
+    )
   updates, opt_state = tx.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
   metrics = dict(
@@ -160,6 +285,145 @@ def train_step(state: TrainState, batch, *, model, tx, loss_fn, schedule):
     step=state.step + 1, params=params, opt_state=opt_state
   )
   return new_state, metrics
+
+
+def accumulate_gradients(grad_fn, params, batch, rng, num_microbatches: int):
+  """The big batch's gradient and metrics, from microbatches in a scan.
+
+  The objectives' losses are means over their predicted tokens, so each
+  microbatch's gradient and metrics are weighted by its `num_predictions`
+  (rows, if the loss reports none): sum(n_i * mean_i) / sum(n_i) is the
+  big batch's mean exactly. A loss adding a second mean over another count
+  (NSP/SOP's sentences, ELECTRA's discriminator) is weighted by the first.
+  """
+  n = num_microbatches
+
+  def split(x):
+    # Row r goes to microbatch r % n: each device's block of rows holds an
+    # equal part of every microbatch, so no microbatch lives on a subset of
+    # the devices and the split needs no communication.
+    x = x.reshape(x.shape[0] // n, n, *x.shape[1:]).swapaxes(0, 1)
+    return nn.with_logical_constraint(
+      x, (None, 'batch') + (None,) * (x.ndim - 2)
+    )
+
+  def body(grad_sum, xs):
+    microbatch, i = xs
+    (_, metrics), grads = grad_fn(
+      params, microbatch, jax.random.fold_in(rng, i)
+    )
+    weight = metrics.get('num_predictions', jnp.float32(1.0))
+    grad_sum = jax.tree.map(
+      lambda s, g: s + weight * g.astype(jnp.float32), grad_sum, grads
+    )
+    return grad_sum, (metrics, weight)
+
+  # float32 sums whatever param_dtype is: bf16 would round each addition.
+  zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
+  grad_sum, (metrics, weights) = jax.lax.scan(
+    body, zeros, (jax.tree.map(split, batch), jnp.arange(n))
+  )
+  total = jnp.sum(weights)
+  # No predictions anywhere: a zero gradient, as the big batch's loss gives.
+  denominator = jnp.maximum(total, 1e-8)
+  grads = jax.tree.map(
+    lambda s, p: (s / denominator).astype(p.dtype), grad_sum, params
+  )
+  metrics = {
+    k: total if k == 'num_predictions' else jnp.sum(v * weights) / denominator
+    for k, v in metrics.items()
+  }
+  return grads, metrics
+
+
+def jit_train_step(
+  model, tx, loss_fn, schedule, shardings, mesh, *, grad_accum_steps=1
+):
+  """train_step jitted into the state's and the batch's shardings."""
+  return jax.jit(
+    functools.partial(
+      train_step,
+      model=model,
+      tx=tx,
+      loss_fn=loss_fn,
+      schedule=schedule,
+      grad_accum_steps=grad_accum_steps,
+    ),
+    in_shardings=(shardings, sharding.batch_sharding(mesh)),
+    out_shardings=(shardings, sharding.replicated(mesh)),
+    donate_argnums=0,
+  )
+
+
+def check_grad_accum(config: ml_collections.ConfigDict, mesh) -> int:
+  """train.grad_accum_steps, checked against the batch and the mesh."""
+  accum, batch = config.train.grad_accum_steps, config.data.batch_size
+  if accum < 1 or batch % accum:
+    raise ValueError(
+      f'train.grad_accum_steps={accum} must be >= 1 and divide '
+      f'data.batch_size={batch}.'
+    )
+  # Each microbatch is split over the batch-parallel devices like a batch.
+  shards = mesh.shape['data'] * mesh.shape['fsdp']
+  if (batch // accum) % shards:
+    raise ValueError(
+      f'data.batch_size={batch} / train.grad_accum_steps={accum} = '
+      f'{batch // accum} rows per microbatch, not divisible by the '
+      f'{shards} batch shards of the mesh (mesh.data x mesh.fsdp).'
+    )
+  return accum
+
+
+def lower_train_step(
+  config: ml_collections.ConfigDict, mesh, batch_shapes: dict
+) -> jax.stages.Lowered:
+  """`config`'s train step lowered for `mesh` from shapes alone.
+
+  Nothing is allocated or run: `.compile()` on the result is an
+  ahead-of-time check that the step partitions for the mesh, and its
+  `.memory_analysis()` the per-device memory (experiments/memory).
+
+  Args:
+    config: a run config.
+    mesh: the mesh to compile for.
+    batch_shapes: the global batch, {feature: jax.ShapeDtypeStruct}.
+  """
+  model = MODELS[config.model.family](ModelConfig.from_config(config.model))
+  tx, schedule = make_optimizer(config.optimizer, config.train.num_steps)
+  objective = OBJECTIVES[config.objective.name]
+  with (
+    jax.set_mesh(mesh),
+    nn.logical_axis_rules(sharding.LOGICAL_AXIS_RULES),
+  ):
+    shardings = state_shardings(model, tx, batch_shapes, mesh)
+    state = jax.eval_shape(
+      functools.partial(
+        create_train_state, model=model, tx=tx, shardings=shardings
+      ),
+      jax.random.key(0),
+      batch_shapes,
+    )
+    state = jax.tree.map(
+      lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+      state,
+      shardings,
+    )
+    batch = {
+      k: jax.ShapeDtypeStruct(
+        v.shape, v.dtype, sharding=sharding.batch_sharding(mesh)
+      )
+      for k, v in batch_shapes.items()
+    }
+    step = jit_train_step(
+      model,
+      tx,
+      loss_fn(objective, config.objective),
+      schedule,
+      shardings,
+      mesh,
+      grad_accum_steps=check_grad_accum(config, mesh),
+    )
+    return step.lower(state, batch)
 
 
 def eval_step(params, batch, *, model, loss_fn):
@@ -180,6 +444,9 @@ class Trainer:
     self.config = config
     self.workdir = workdir = checkpoint_lib.absolute(workdir)
     self.is_chief = jax.process_index() == 0
+    # Hosts that disagree would hang in a collective or mix checkpoints.
+    distributed.check_hosts_agree(config, workdir)
+    self.preempted = False  # run() stopped by a signal (not finished)
     self.mesh = mesh or sharding.make_mesh(config.mesh)
     if self.is_chief:
       _write_run_files(config, workdir)
@@ -217,17 +484,14 @@ class Trainer:
       keep=config.checkpoint.keep,
       async_save=config.checkpoint.async_save,
     )
-    self._p_train_step = jax.jit(
-      functools.partial(
-        train_step,
-        model=self.model,
-        tx=self.tx,
-        loss_fn=self.loss_fn,
-        schedule=self.schedule,
-      ),
-      in_shardings=(self.shardings, self.batch_sharding),
-      out_shardings=(self.shardings, sharding.replicated(self.mesh)),
-      donate_argnums=0,
+    self._p_train_step = jit_train_step(
+      self.model,
+      self.tx,
+      self.loss_fn,
+      self.schedule,
+      self.shardings,
+      self.mesh,
+      grad_accum_steps=check_grad_accum(config, self.mesh),
     )
     self._p_eval_step = jax.jit(
       functools.partial(eval_step, model=self.model, loss_fn=self.loss_fn),
@@ -320,6 +584,9 @@ class Trainer:
             f'{self.config.checkpoint.init_from!r}.'
           )
         params = source.restore_params(step, abstract.params)
+        # An open manager keeps Orbax's background threads alive past the
+        # end of the run.
+        source.close()
         state = state.replace(params=params)
       return state  # (3) when neither applied
 
@@ -343,19 +610,35 @@ class Trainer:
     out['eval_perplexity'] = _perplexity(out, prefix='eval_')
     return out
 
+  def _stage_data(self, step: int):
+    """The train batches from `step` to the end of its seq-len stage.
+
+    Returns (iterator, the stage's end step, its global batch shapes). The
+    stage's stream starts at its own first batch, so the batch at `step`
+    only depends on the step: a resumed run reads what it would have.
+    """
+    begin, end, seq_len = next(
+      s for s in pipeline.seq_len_stages(self.config) if s[0] <= step < s[1]
+    )
+    cfg = self.config
+    if seq_len != cfg.data.seq_len:
+      cfg = cfg.copy_and_resolve_references()
+      cfg.data.seq_len = seq_len
+    ds = pipeline.train_dataset(
+      cfg,
+      self.tokenizer,
+      start_batch=step - begin,
+      process_index=jax.process_index(),
+      process_count=jax.process_count(),
+    )
+    return ds.as_numpy_iterator(), end, abstract_batch(ds.element_spec)
+
   def run(self) -> TrainState:
     """The training loop. Returns the final state."""
     cfg = self.config
     state = self.initial_state()
     start = int(state.step)
     num_steps = cfg.train.num_steps
-    train_iter = pipeline.train_iterator(
-      cfg,
-      self.tokenizer,
-      start_batch=start,
-      process_index=jax.process_index(),
-      process_count=jax.process_count(),
-    )
     eval_data = pipeline.eval_batches(
       cfg,
       self.tokenizer,
@@ -373,11 +656,18 @@ class Trainer:
       writer.print(
         f'Resumed from {self.checkpointer.directory} at step {start}.'
       )
-    perf = _Throughput(self, cfg)
     stop = _StopSignal()
 
-    step, pending, window = start, None, []
+    # The data stream is opened at the start of each seq-len stage (the
+    # first one at `start`); a new row length retraces the step.
+    step, pending, window, stage_end = start, None, [], start
     while step < num_steps:
+      if step == stage_end:
+        train_iter, stage_end, shapes = self._stage_data(step)
+        perf = _Throughput(self, cfg, shapes)
+        if step and cfg.data.seq_len_schedule:
+          seq_len = shapes['input_ids'].shape[1]
+          writer.print(f'Step {step}: rows of {seq_len} tokens from here.')
       batch = sharding.host_to_global(next(train_iter), self.mesh)
       with self.context():
         state, step_metrics = self._p_train_step(state, batch)
@@ -397,12 +687,14 @@ class Trainer:
         window = []
       if step % cfg.train.eval_every == 0 or last:
         writer.write(step, self.evaluate(state.params, eval_data))
-      exiting = stop.requested() or (
+      signalled = stop.requested()
+      exiting = signalled or (
         cfg.train.exit_interval and step % cfg.train.exit_interval == 0
       )
       if step % cfg.checkpoint.every == 0 or last or exiting:
         self.checkpointer.save(step, state, self.checkpoint_meta(state))
       if exiting and not last:
+        self.preempted = signalled  # main exits with EXIT_RESUME
         writer.print(
           f'Stopping at step {step} (checkpoint saved); run the '
           'same command again to continue.'
@@ -460,8 +752,8 @@ def _check_tokenizer_matches(meta, tokenizer, checkpointer) -> None:
 class _Throughput:
   """Turns a window of per-step metrics into logged averages and speeds."""
 
-  def __init__(self, trainer: Trainer, cfg: ml_collections.ConfigDict):
-    shapes = {k: v.shape for k, v in trainer.batch_shapes.items()}
+  def __init__(self, trainer: Trainer, cfg: ml_collections.ConfigDict, batch):
+    shapes = {k: v.shape for k, v in batch.items()}
     # Tokens fed to the model: the encoder's and the decoder's, if both.
     self.tokens_per_step = sum(
       int(np.prod(s)) for k, s in shapes.items() if k.endswith('input_ids')
@@ -496,6 +788,7 @@ class _StopSignal:
 
   def __init__(self):
     self._requested = False
+    self._pending = None  # the all-host OR dispatched at the last step
     self._previous = {}
     for sig in (signal.SIGTERM, signal.SIGINT):
       try:
@@ -519,11 +812,30 @@ class _StopSignal:
     )
 
   def requested(self) -> bool:
+    """Whether to stop after this step: the same answer on every host."""
     # All hosts must agree, or some would wait forever in the save.
     if jax.process_count() == 1:
       return self._requested
-    flags = multihost_utils.process_allgather(np.array(self._requested))
-    return bool(np.any(flags))
+    # Dispatch this step's all-host OR and read the previous step's, so the
+    # host never waits for the device here (a stop comes one step later).
+    previous, self._pending = self._pending, self._any_host(self._requested)
+    return previous is not None and bool(previous)
+
+  @functools.cached_property
+  def _any_host(self):
+    """flag -> replicated OR over all processes, without blocking."""
+    devices = jax.devices()
+    mesh = jax.sharding.Mesh(np.array(devices), ('all',))
+    flags = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec('all'))
+    any_ = jax.jit(jnp.any, out_shardings=sharding.replicated(mesh))
+
+    def gather(flag: bool) -> jax.Array:
+      local = [jax.device_put(np.array([flag]), d) for d in jax.local_devices()]
+      return any_(
+        jax.make_array_from_single_device_arrays((len(devices),), flags, local)
+      )
+
+    return gather
 
 
 def train_and_evaluate(

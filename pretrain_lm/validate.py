@@ -9,9 +9,13 @@ import importlib.util
 import ml_collections
 import tensorflow as tf
 
-from pretrain_lm.data import sources
+from pretrain_lm.data import pipeline, sources
 from pretrain_lm.models import MODELS
 from pretrain_lm.objectives import OBJECTIVES
+
+# pretrain_lm.train.OPTIMIZERS' keys (tests/switches_test.py checks they
+# agree); importing train here would slow down every early error.
+OPTIMIZER_NAMES = ('adafactor', 'adamw', 'lamb')
 
 
 def _require(ok: bool, message: str) -> None:
@@ -43,6 +47,17 @@ def check_config(config: ml_collections.ConfigDict) -> None:
   _require(d.seq_len > 0, f'data.seq_len={d.seq_len} must be > 0.')
   _require(d.batch_size > 0, f'data.batch_size={d.batch_size} must be > 0.')
   _require(t.num_steps > 0, f'train.num_steps={t.num_steps} must be > 0.')
+  _require(
+    t.grad_accum_steps >= 1 and d.batch_size % t.grad_accum_steps == 0,
+    f'train.grad_accum_steps={t.grad_accum_steps} must be >= 1 and divide '
+    f'data.batch_size={d.batch_size}.',
+  )
+  pipeline.seq_len_stages(config)  # raises naming data.seq_len_schedule
+  _require(
+    config.optimizer.name in OPTIMIZER_NAMES,
+    f'optimizer.name={config.optimizer.name!r}; valid: '
+    f'{list(OPTIMIZER_NAMES)}.',
+  )
   for name in ('log_every', 'eval_every'):
     _require(t[name] > 0, f'train.{name}={t[name]} must be > 0.')
   _require(c.every > 0, f'checkpoint.every={c.every} must be > 0.')

@@ -49,6 +49,37 @@ def row_length(config: ml_collections.ConfigDict) -> int:
   return config.data.seq_len
 
 
+def seq_len_stages(config: ml_collections.ConfigDict) -> list[tuple]:
+  """data.seq_len_schedule as [(first step, end step, seq_len)], in order.
+
+  '0.9:128' with data.seq_len=512 and 1000 steps: [(0, 900, 128), (900,
+  1000, 512)]. Stages that round to no steps are dropped.
+  """
+  d, num_steps = config.data, config.train.num_steps
+  field = f'data.seq_len_schedule={d.seq_len_schedule!r}'
+  stages, start = [], 0
+  for item in filter(None, d.seq_len_schedule.replace(' ', '').split(',')):
+    fraction, sep, length = item.partition(':')
+    try:
+      fraction, length = float(fraction), int(length)
+    except ValueError:
+      raise ValueError(
+        f"{field}: {item!r} is not 'fraction:seq_len' (e.g. '0.9:128')."
+      ) from None
+    end = round(fraction * num_steps)
+    if not sep or not 0 < fraction < 1 or not 0 < length <= d.seq_len:
+      raise ValueError(
+        f'{field}: in {item!r} the fraction must be in (0, 1) and the '
+        f'length in [1, data.seq_len={d.seq_len}].'
+      )
+    if end < start:
+      raise ValueError(f'{field}: the fractions must increase.')
+    stages.append((start, end, length))
+    start = end
+  stages.append((start, num_steps, d.seq_len))
+  return [s for s in stages if s[1] > s[0]]
+
+
 def tokenize(
   docs: tf.data.Dataset, tokenizer: tokenizer_lib.Tokenizer
 ) -> tf.data.Dataset:
