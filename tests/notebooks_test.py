@@ -40,7 +40,7 @@ def test_notebook_runs(path, tiny_workdir, monkeypatch):
   for variable, (name, arg) in WORKDIRS.items():
     if variable in source:
       monkeypatch.setenv(variable, tiny_workdir(name, arg))
-  # The fine-tuning notebook on a slice: the suite checks that it runs.
+  # The SST-2 notebooks on a slice: the suite checks that they run.
   monkeypatch.setenv('SST2_TRAIN_EXAMPLES', '512')
   notebook = nbformat.reads(source, as_version=4)
   client = NotebookClient(

@@ -47,6 +47,21 @@ def override_flags(overrides: dict) -> list[str]:
   return [f'--config.{k}={v}' for k, v in overrides.items()]
 
 
+@pytest.fixture(scope='module', autouse=True)
+def compile_cache(tmp_path_factory):
+  """A persistent compilation cache for the runs this module launches.
+
+  Relaunches of one config (resume, kill and restart) load their compiled
+  steps instead of compiling them again. Only the child processes read the
+  variables: this process's JAX was configured at import.
+  """
+  with pytest.MonkeyPatch.context() as mp:
+    cache = str(tmp_path_factory.mktemp('jax_cache'))
+    mp.setenv('JAX_COMPILATION_CACHE_DIR', cache)
+    mp.setenv('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '0')
+    yield
+
+
 @pytest.fixture(scope='module')
 def tokenizer_path(tmp_path_factory):
   """One small tokenizer for every run here (training it is not under test)."""
