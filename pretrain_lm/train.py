@@ -80,10 +80,10 @@ def _clipping(opt: ml_collections.ConfigDict) -> list:
   return [optax.clip_by_global_norm(opt.grad_clip_norm)]
 
 
-def adamw_chain(opt: ml_collections.ConfigDict, schedule) -> list:
-  """Global-norm clipping, then AdamW at `schedule` (optax transforms)."""
+def _adam_family(make, opt: ml_collections.ConfigDict, schedule) -> list:
+  """Clipping, then `make` (optax.adamw or optax.lamb) with decoupled decay."""
   return _clipping(opt) + [
-    optax.adamw(
+    make(
       schedule,
       b1=opt.b1,
       b2=opt.b2,
@@ -92,22 +92,18 @@ def adamw_chain(opt: ml_collections.ConfigDict, schedule) -> list:
       mask=_decay_mask,
     )
   ]
+
+
+def adamw_chain(opt: ml_collections.ConfigDict, schedule) -> list:
+  """Global-norm clipping, then AdamW at `schedule` (optax transforms)."""
+  return _adam_family(optax.adamw, opt, schedule)
 
 
 def lamb_chain(opt: ml_collections.ConfigDict, schedule) -> list:
   """Global-norm clipping, then LAMB (You et al., 2020: large-batch BERT)."""
   # optax's trust ratio covers every parameter; the paper's code also
   # exempts biases and LayerNorm from it, only from decay here.
-  return _clipping(opt) + [
-    optax.lamb(
-      schedule,
-      b1=opt.b1,
-      b2=opt.b2,
-      eps=opt.eps,
-      weight_decay=opt.weight_decay,
-      mask=_decay_mask,
-    )
-  ]
+  return _adam_family(optax.lamb, opt, schedule)
 
 
 def adafactor_chain(opt: ml_collections.ConfigDict, schedule) -> list:
