@@ -6,6 +6,7 @@ naming a field that does not exist (`--config.train.num_step=5`) fails at once
 with the list of valid fields, before anything is built or compiled.
 """
 
+import difflib
 import importlib.util
 import os
 
@@ -25,8 +26,10 @@ def parse_arg(arg: str | None, **defaults) -> ml_collections.ConfigDict:
   for item in filter(None, (arg or '').split(',')):
     key, sep, value = item.partition('=')
     if key not in defaults:
+      close = difflib.get_close_matches(key, list(defaults), n=1)
+      hint = f' Did you mean {close[0]!r}?' if close else ''
       raise ValueError(
-        f'Unknown config arg {key!r} in {arg!r}; valid args: '
+        f'Unknown config arg {key!r} in {arg!r}.{hint} Valid args: '
         f'{sorted(defaults)}.'
       )
     default = defaults[key]
@@ -39,7 +42,12 @@ def parse_arg(arg: str | None, **defaults) -> ml_collections.ConfigDict:
         raise ValueError(f'Config arg {key}={value!r} is not a boolean.')
       parsed[key] = value.lower() in ('true', '1')
     else:
-      parsed[key] = type(default)(value)
+      try:
+        parsed[key] = type(default)(value)
+      except ValueError:
+        raise ValueError(
+          f'Config arg {key}={value!r} is not {type(default).__name__}.'
+        ) from None
   return ml_collections.ConfigDict(parsed)
 
 
@@ -153,6 +161,14 @@ def base_config() -> ml_collections.ConfigDict:
   c.data.eval_holdout_every = 100
   # 'line': a document per line; 'blank_line'; 'file': one per file.
   c.data.doc_format = 'line'
+  # Local files' bad input: empty files, binary data, invalid UTF-8 and
+  # documents over max_doc_bytes. 'skip' drops it and counts it in the
+  # metrics (data/skipped_*); 'fail' stops at start naming the file and byte
+  # offset. A source with no usable text fails either way.
+  c.data.bad_input = 'skip'
+  # Longer lines ('file' documents) are bad input: a glob that caught a
+  # minified dump must not fill the host's memory. 10 MB holds any book.
+  c.data.max_doc_bytes = 10_000_000
   c.data.tfds_split = 'train'
   c.data.tfds_eval_split = 'validation'
   c.data.tfds_text_key = 'text'
@@ -177,6 +193,12 @@ def base_config() -> ml_collections.ConfigDict:
   c.data.shuffle_buffer = 10_000  # packed rows
   c.data.seed = 0
   c.data.eval_batches = 8
+  # Each checkpoint stores what decides its batches (data.source's files,
+  # the tokenizer, packing, seq_len(_schedule), batch_size, shuffle_buffer,
+  # seed, the objective's fields); resuming with any of them changed fails,
+  # naming them, unless True: the changed stream then starts at its first
+  # batch at the saved step, and later resumes of the run are exact again.
+  c.data.allow_changed = False
 
   c.optimizer = ml_collections.ConfigDict()
   # 'adamw', 'lamb' (You et al., 2020: large-batch BERT; uses b1, b2, eps,
@@ -214,6 +236,11 @@ def base_config() -> ml_collections.ConfigDict:
   # never), for jobs that must fit a scheduler's time slot (Megatron's
   # --exit-interval); rerunning the same command continues the run.
   c.train.exit_interval = 0
+  # A step whose loss or gradient is NaN/Inf is skipped (weights and
+  # optimizer state kept, `skipped` in the metrics); this many in a row
+  # mean divergence, not one bad batch: save the last good weights and exit
+  # with train.EXIT_NONFINITE (0: skip forever).
+  c.train.max_consecutive_skips = 10
   # Peak FLOP/s of one device for MFU; 0 looks the device kind up in a table.
   c.train.peak_flops_per_device = 0.0
   c.train.progress_bar = True
@@ -226,7 +253,22 @@ def base_config() -> ml_collections.ConfigDict:
 
   c.checkpoint = ml_collections.ConfigDict()
   c.checkpoint.every = 1000
+  # Retention keeps the union of: the latest `keep` checkpoints (to resume;
+  # 0 keeps all), the `keep_best` best by `best_metric` (0: off), and every
+  # multiple of `keep_every` steps forever (0: off); never deletes the
+  # newest. Deleted steps are renamed first, so a kill mid-delete is safe.
   c.checkpoint.keep = 3
+  # With keep_best > 0 every eval step is saved too, its eval metrics stored
+  # in the checkpoint: a checkpoint saved without a fresh evaluation is never
+  # ranked among the best (its params were not the ones evaluated).
+  c.checkpoint.keep_best = 0
+  c.checkpoint.best_metric = 'eval_loss'  # a key of the run's eval metrics
+  c.checkpoint.best_mode = 'min'  # 'min' (a loss) or 'max' (an accuracy)
+  c.checkpoint.keep_every = 0
+  # A checkpoint whose checksums or files do not verify: 'fail' stops with
+  # the step and arrays named; 'previous' moves it to corrupt-<step> (not
+  # deleted) and resumes from the newest older one that verifies.
+  c.checkpoint.on_corrupt = 'fail'
   c.checkpoint.async_save = True
   c.checkpoint.init_from = ''  # a workdir or checkpoint dir: params only
 

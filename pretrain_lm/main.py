@@ -4,8 +4,8 @@ r"""Pretrains a model: `python -m pretrain_lm.main --config=... --workdir=...`.
       --workdir=/tmp/run --config.train.num_steps=300
 
 Rerunning the same command resumes from the latest checkpoint in --workdir;
-exit code 75 (stopped by a signal, checkpoint saved) asks for exactly that.
-Multi-host: run it on every host (see pretrain_lm/distributed.py).
+exit code 75 (signal; checkpoint saved) asks for that, 65 (diverged: too many
+non-finite steps in a row) does not. Multi-host: run it on every host.
 """
 
 import os
@@ -43,33 +43,35 @@ def main(argv):
   try:
     validate.check_config(config)
     distributed.initialize_from_flags()  # before anything touches devices
+    validate.check_devices(config)  # the mesh against the devices there are
   except (ValueError, FileNotFoundError) as e:
     raise SystemExit(f'error: {e}') from None
 
-  from pretrain_lm import train  # JAX/TF import is slow; errors come first.
+  from pretrain_lm import checkpoint, train  # slow imports: errors first
 
-  logging.info('Config:\n%s', config)
-  trainer = train.Trainer(config, workdir)
-  trainer.run()
+  try:  # checkpoints that cannot be resumed as asked: said, not traced
+    trainer = train.Trainer(config, workdir)
+    trainer.run()
+  except checkpoint.RestoreError as e:
+    raise SystemExit(f'error: {e}') from None
+  if trainer.nonfinite_stop:  # a failure: launchers must not rerun it
+    sys.exit(train.EXIT_NONFINITE)
   if trainer.preempted:
     print(f'Exiting with code {train.EXIT_RESUME}: rerun to resume.')
     sys.exit(train.EXIT_RESUME)
-  if not trainer.is_chief:
-    return
-  print(
-    f'\nCheckpoints, metrics.jsonl and TensorBoard logs are in {workdir}.\n'
-    'Load the model in Python:\n'
-    '  import pretrain_lm\n'
-    f'  m = pretrain_lm.load({workdir!r})  # m.config, m.params, m.tokenizer\n'
-    f'TensorBoard logs: {workdir}/tensorboard'
-  )
+  if trainer.is_chief:
+    print(
+      f'\nCheckpoints, metrics.jsonl and TensorBoard logs are in {workdir}.'
+      f'\nIn Python: import pretrain_lm; m = pretrain_lm.load({workdir!r})'
+    )
 
 
 def parse_flags(argv: list[str]) -> list[str]:
   """absl flag parsing, with a clear message for a mistyped config field."""
   try:
     return flags.FLAGS(argv)
-  except (flags.Error, AttributeError, KeyError) as e:
+  # ValueError: the config file's own, e.g. an unknown `:size=` arg.
+  except (flags.Error, AttributeError, KeyError, TypeError, ValueError) as e:
     message = validate.unknown_override(argv) or str(e)
     raise SystemExit(f'error: {message}') from None
 

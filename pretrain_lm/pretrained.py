@@ -814,6 +814,10 @@ def load(
   step = checkpointer.latest_step() if step is None else step
   if step is None:
     raise FileNotFoundError(f'No checkpoint in {checkpointer.directory!r}.')
+  meta = checkpoint_lib.read_meta(checkpointer.directory, step) or {}
+  checkpoint_lib.check_tokenizer(
+    meta.get('tokenizer'), tokenizer, f'Checkpoint {step} of {workdir!r}'
+  )
 
   example = example_batch(workdir, config)
   boxed = jax.eval_shape(

@@ -20,7 +20,7 @@ from jax.experimental import multihost_utils
 from pretrain_lm import checkpoint as checkpoint_lib
 from pretrain_lm import distributed, objectives, sharding
 from pretrain_lm import metrics as metrics_lib
-from pretrain_lm.data import pipeline
+from pretrain_lm.data import fingerprint, pipeline
 from pretrain_lm.data import tokenizer as tokenizer_lib
 from pretrain_lm.models import MODELS, ModelConfig
 from pretrain_lm.objectives import OBJECTIVES, loss_fn
@@ -28,6 +28,9 @@ from pretrain_lm.objectives import OBJECTIVES, loss_fn
 # Exit code of a run stopped by SIGTERM/SIGINT after saving its checkpoint:
 # "resume me" (EX_TEMPFAIL in sysexits.h); launchers rerun on it.
 EXIT_RESUME = 75
+# Exit code of a run stopped by train.max_consecutive_skips non-finite steps
+# (EX_DATAERR): a failure to look at, not to rerun blindly.
+EXIT_NONFINITE = 65
 
 
 @flax.struct.dataclass
@@ -265,26 +268,59 @@ def train_step(
 
   grad_fn = jax.value_and_grad(compute_loss, has_aux=True)
   if grad_accum_steps == 1:
-    (_, metrics), grads = grad_fn(state.params, batch, dropout_rng)
+    (loss, metrics), grads = grad_fn(state.params, batch, dropout_rng)
   else:
-    grads, metrics = accumulate_gradients(
+    loss, grads, metrics = accumulate_gradients(
       grad_fn, state.params, batch, dropout_rng, grad_accum_steps
     )
+  grad_norm = optax.global_norm(grads)
   updates, opt_state = tx.update(grads, state.opt_state, state.params)
+  # A NaN/Inf (an overflow, a corrupt batch, a divergence) would poison the
+  # weights and Adam's moments for good, so such a step keeps params and
+  # the whole optimizer state, its count (the LR schedule's step) included.
+  # `step` still advances: the data position (one batch per step) moves
+  # past the bad batch and the next step draws fresh dropout masks. The
+  # update is checked too: finite gradients can still give a NaN one (a
+  # NaN learning rate, Adam's eps=0 over a zero second moment).
+  finite = (
+    jnp.isfinite(loss)
+    & jnp.isfinite(grad_norm)
+    & jnp.isfinite(optax.global_norm(updates))
+  )
   params = optax.apply_updates(state.params, updates)
+  params, opt_state = jax.tree.map(
+    lambda new, old: jnp.where(finite, new, old),
+    (params, opt_state),
+    (state.params, state.opt_state),
+  )
+  # The optimizer counts applied updates only: step - count is the number
+  # of skipped steps, so the running total needs no state of its own and
+  # survives a resume. (None: an optimizer without a count, e.g. plain SGD.)
+  count, new_count = _update_count(state.opt_state), _update_count(opt_state)
   metrics = dict(
     metrics,
-    grad_norm=optax.global_norm(grads),
-    learning_rate=schedule(state.step),
+    grad_norm=grad_norm,
+    learning_rate=schedule(state.step if count is None else count),
+    skipped=(~finite).astype(jnp.int32),
   )
+  if new_count is not None:
+    metrics['skipped_total'] = state.step + 1 - new_count
   new_state = state.replace(
     step=state.step + 1, params=params, opt_state=opt_state
   )
   return new_state, metrics
 
 
+def _update_count(opt_state) -> jax.Array | None:
+  """How many updates the optimizer has applied (its schedule's step)."""
+  # Every optax transform with a count (Adam's moments, the schedule's
+  # step) increments it once per update, so any of them will do.
+  counts = optax.tree_utils.tree_get_all_with_path(opt_state, 'count')
+  return counts[-1][1] if counts else None
+
+
 def accumulate_gradients(grad_fn, params, batch, rng, num_microbatches: int):
-  """The big batch's gradient and metrics, from microbatches in a scan.
+  """The big batch's (loss, gradient, metrics), from microbatches in a scan.
 
   The objectives' losses are means over their predicted tokens, so each
   microbatch's gradient and metrics are weighted by its `num_predictions`
@@ -305,18 +341,18 @@ def accumulate_gradients(grad_fn, params, batch, rng, num_microbatches: int):
 
   def body(grad_sum, xs):
     microbatch, i = xs
-    (_, metrics), grads = grad_fn(
+    (loss, metrics), grads = grad_fn(
       params, microbatch, jax.random.fold_in(rng, i)
     )
     weight = metrics.get('num_predictions', jnp.float32(1.0))
     grad_sum = jax.tree.map(
       lambda s, g: s + weight * g.astype(jnp.float32), grad_sum, grads
     )
-    return grad_sum, (metrics, weight)
+    return grad_sum, (metrics, weight, loss)
 
   # float32 sums whatever param_dtype is: bf16 would round each addition.
   zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
-  grad_sum, (metrics, weights) = jax.lax.scan(
+  grad_sum, (metrics, weights, losses) = jax.lax.scan(
     body, zeros, (jax.tree.map(split, batch), jnp.arange(n))
   )
   total = jnp.sum(weights)
@@ -329,7 +365,9 @@ def accumulate_gradients(grad_fn, params, batch, rng, num_microbatches: int):
     k: total if k == 'num_predictions' else jnp.sum(v * weights) / denominator
     for k, v in metrics.items()
   }
-  return grads, metrics
+  # A non-finite microbatch loss stays non-finite here (even at weight 0),
+  # so train_step skips the whole step.
+  return jnp.sum(losses * weights) / denominator, grads, metrics
 
 
 def jit_train_step(
@@ -443,6 +481,8 @@ class Trainer:
     # Hosts that disagree would hang in a collective or mix checkpoints.
     distributed.check_hosts_agree(config, workdir)
     self.preempted = False  # run() stopped by a signal (not finished)
+    self.data_start_step = 0  # where the data stream began (_check_resume)
+    self.nonfinite_stop = False  # run() stopped by non-finite steps
     self.mesh = mesh or sharding.make_mesh(config.mesh)
     if self.is_chief:
       _write_run_files(config, workdir)
@@ -475,10 +515,15 @@ class Trainer:
         self.model, self.tx, self.batch_shapes, self.mesh
       )
     self.batch_sharding = sharding.batch_sharding(self.mesh)
+    ckpt = config.checkpoint
     self.checkpointer = checkpoint_lib.Checkpointer(
       os.path.join(workdir, checkpoint_lib.CHECKPOINT_DIR),
-      keep=config.checkpoint.keep,
-      async_save=config.checkpoint.async_save,
+      keep=ckpt.keep,
+      async_save=ckpt.async_save,
+      keep_best=ckpt.keep_best,
+      best_metric=ckpt.best_metric,
+      best_mode=ckpt.best_mode,
+      keep_every=ckpt.keep_every,
     )
     self._p_train_step = jit_train_step(
       self.model,
@@ -521,19 +566,71 @@ class Trainer:
       self.config.data, **kwargs, is_chief=False
     )
 
+  @functools.cached_property
+  def data_stream(self) -> dict[str, Any]:
+    """What decides this run's batches (fingerprint.data_stream)."""
+    return fingerprint.data_stream(
+      self.config, self.tokenizer, jax.process_count()
+    )
+
+  @functools.cached_property
+  def _run_description(self) -> dict[str, Any]:
+    return checkpoint_lib.run_description(self.config, self.mesh)
+
   def checkpoint_meta(self, state: TrainState) -> dict[str, Any]:
+    """The JSON saved with each checkpoint (pretrain_lm.inspect shows it)."""
     step = int(state.step)
     return {
       'step': step,
-      # One host batch per step: the data position is the step itself.
-      'batches_consumed': step,
-      'tokenizer': {
-        'vocab_size': self.tokenizer.vocab_size,
-        'special_ids': self.tokenizer.special_ids,
-      },
+      # One host batch per step since the data stream began.
+      'batches_consumed': step - self.data_start_step,
+      'tokenizer': checkpoint_lib.tokenizer_meta(self.tokenizer),
+      'data': dict(self.data_stream, start_step=self.data_start_step),
       'model_family': self.config.model.family,
       'objective': self.config.objective.name,
+      'run': dict(
+        self._run_description,
+        saved=time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime()),
+      ),
     }
+
+  def _check_resume(self, meta: dict[str, Any]) -> None:
+    """The checkpoint's tokenizer and data stream against this run's.
+
+    Sets data_start_step: the saved stream's, or the saved step when
+    data.allow_changed lets a changed stream start there.
+    """
+    _check_tokenizer_matches(meta, self.tokenizer, self.checkpointer)
+    saved = meta.get('data')
+    if saved is None:  # a checkpoint from before the stream was recorded
+      return
+    changed = fingerprint.changed_fields(
+      saved['fields'], self.data_stream['fields']
+    )
+    if not changed:
+      self.data_start_step = saved['start_step']
+      return
+    step, source = meta['step'], self.config.data.source
+    if saved['source'] != source:
+      changed.append(f'(data.source was {saved["source"]!r}, now {source!r})')
+    changes = '\n  '.join(changed)
+    if not self.config.data.allow_changed:
+      raise checkpoint_lib.RestoreError(
+        f'The checkpoint in {self.checkpointer.directory} (step {step}) was '
+        f'trained on another data stream. Changed:\n  {changes}\nResume '
+        'with the config it was saved with, or pass '
+        '--config.data.allow_changed=True to start the new stream at its '
+        f'first batch at step {step}.'
+      )
+    # The new stream's batch 0 is read at `step`; the checkpoints from here
+    # record that, so resuming them is exact again.
+    self.data_start_step = step
+    if self.is_chief:
+      print(
+        f'data.allow_changed: the new data stream starts at its first '
+        f'batch at step {step}. Changed:\n  {changes}',
+        flush=True,
+      )
 
   def initial_state(self) -> TrainState:
     """Resume order: (1) the latest checkpoint in the workdir, (2) params
@@ -555,10 +652,14 @@ class Trainer:
         abstract,
         self.shardings,
       )
-      latest = self.checkpointer.latest_step()
-      if latest is not None:  # (1)
-        state, meta = self.checkpointer.restore(latest, abstract)
-        _check_tokenizer_matches(meta, self.tokenizer, self.checkpointer)
+      # (1) The newest checkpoint that verifies. One that is there but does
+      # not restore stops the run: never a fresh start on top of it.
+      restored = self.checkpointer.restore_latest(
+        abstract, on_corrupt=self.config.checkpoint.on_corrupt
+      )
+      if restored is not None:  # (1)
+        _, state, meta = restored
+        self._check_resume(meta)
         return state
       state = create_train_state(
         rng,
@@ -610,8 +711,9 @@ class Trainer:
     """The train batches from `step` to the end of its seq-len stage.
 
     Returns (iterator, the stage's end step, its global batch shapes). The
-    stage's stream starts at its own first batch, so the batch at `step`
-    only depends on the step: a resumed run reads what it would have.
+    stage's stream starts at its own first batch (or, after a resume with
+    data.allow_changed, at data_start_step), so the batch at `step` only
+    depends on the step: a resumed run reads what it would have.
     """
     begin, end, seq_len = next(
       s for s in pipeline.seq_len_stages(self.config) if s[0] <= step < s[1]
@@ -623,7 +725,7 @@ class Trainer:
     ds = pipeline.train_dataset(
       cfg,
       self.tokenizer,
-      start_batch=step - begin,
+      start_batch=step - max(begin, self.data_start_step),
       process_index=jax.process_index(),
       process_count=jax.process_count(),
     )
@@ -653,6 +755,7 @@ class Trainer:
         f'Resumed from {self.checkpointer.directory} at step {start}.'
       )
     stop = _StopSignal()
+    skips = _SkipGuard(cfg.train.max_consecutive_skips, writer)
 
     # The data stream is opened at the start of each seq-len stage (the
     # first one at `start`); a new row length retraces the step.
@@ -671,24 +774,54 @@ class Trainer:
       # Read step t-1's metrics only after step t is dispatched, so the host
       # never leaves the device idle waiting for a transfer.
       if pending is not None:
-        window.append(jax.device_get(pending))
+        window.append(skips.observe(step - 1, jax.device_get(pending)))
       pending = step_metrics
       writer.advance()
 
       last = step == num_steps
-      if step % cfg.train.log_every == 0 or last:
-        window.append(jax.device_get(pending))
+      log_now = step % cfg.train.log_every == 0 or last
+      # One more skip would stop the run: read this step's verdict now, so
+      # that no step after the last skip is dispatched before the stop.
+      if log_now or skips.near_limit:
+        window.append(skips.observe(step, jax.device_get(pending)))
         pending = None
-        writer.write(step, perf.summarize(window, step))
+      if log_now:
+        # Bad input data.bad_input='skip' dropped (per epoch; cached).
+        skipped = pipeline.skipped_input(cfg)
+        writer.write(step, {**perf.summarize(window, step), **skipped})
         window = []
+      evaluated = None  # this step's eval metrics, if it has them
       if step % cfg.train.eval_every == 0 or last:
-        writer.write(step, self.evaluate(state.params, eval_data))
+        evaluated = self.evaluate(state.params, eval_data)
+        writer.write(step, evaluated)
       signalled = stop.requested()
-      exiting = signalled or (
-        cfg.train.exit_interval and step % cfg.train.exit_interval == 0
+      exiting = (
+        signalled
+        or skips.exhausted
+        or (cfg.train.exit_interval and step % cfg.train.exit_interval == 0)
       )
-      if step % cfg.checkpoint.every == 0 or last or exiting:
-        self.checkpointer.save(step, state, self.checkpoint_meta(state))
+      # checkpoint.keep_best ranks checkpoints by their eval metrics, so
+      # an evaluated state is saved too (retention drops the others).
+      best_due = cfg.checkpoint.keep_best and evaluated is not None
+      if step % cfg.checkpoint.every == 0 or last or exiting or best_due:
+        self.checkpointer.save(
+          step, state, self.checkpoint_meta(state), metrics=evaluated
+        )
+      if skips.exhausted:
+        # Skipped steps never touch the weights, so this checkpoint holds
+        # the last good ones; at this step, so a rerun reads on past the
+        # bad batches rather than replaying them.
+        self.nonfinite_stop = True  # main exits with EXIT_NONFINITE
+        if window:  # the unlogged steps up to here, the skipped ones too
+          writer.write(step, perf.summarize(window, step))
+        writer.print(
+          f'Stopping at step {step}: the last {skips.consecutive} steps had '
+          'a non-finite loss or gradient and were skipped. The checkpoint '
+          f'at step {step} holds the weights of the last good step. Look '
+          'at the learning rate and the data, or raise '
+          'train.max_consecutive_skips (0: never stop).'
+        )
+        break
       if exiting and not last:
         self.preempted = signalled  # main exits with EXIT_RESUME
         writer.print(
@@ -732,17 +865,11 @@ def _write_run_files(config: ml_collections.ConfigDict, workdir: str) -> None:
 
 def _check_tokenizer_matches(meta, tokenizer, checkpointer) -> None:
   """A checkpoint must be resumed with the tokenizer that produced it."""
-  saved = meta.get('tokenizer', {})
-  if saved and (
-    saved.get('special_ids') != tokenizer.special_ids
-    or saved.get('vocab_size') != tokenizer.vocab_size
-  ):
-    raise ValueError(
-      f'The checkpoint in {checkpointer.directory} was trained with a '
-      f'tokenizer of {saved.get("vocab_size")} pieces and special ids '
-      f'{saved.get("special_ids")}, but {tokenizer.path} has '
-      f'{tokenizer.vocab_size} and {tokenizer.special_ids}.'
-    )
+  checkpoint_lib.check_tokenizer(
+    meta.get('tokenizer'),
+    tokenizer,
+    f'The checkpoint in {checkpointer.directory}',
+  )
 
 
 class _Throughput:
@@ -765,6 +892,8 @@ class _Throughput:
   def summarize(self, window: list[dict], step: int) -> dict[str, float]:
     now = time.perf_counter()
     out = {k: float(np.mean([m[k] for m in window])) for k in window[0]}
+    if 'skipped_total' in out:  # a running count, not a per-step value
+      out['skipped_total'] = float(window[-1]['skipped_total'])
     out['perplexity'] = _perplexity(out)
     # The first window includes compilation; speed is reported from the next.
     if self.last_step is not None:
@@ -777,6 +906,35 @@ class _Throughput:
         out['mfu'] = tokens_per_s * self.flops_per_token / self.peak_total
     self.last_time, self.last_step = now, step
     return out
+
+
+class _SkipGuard:
+  """Follows the steps skipped for a non-finite loss or gradient."""
+
+  def __init__(self, limit: int, writer: metrics_lib.MetricWriter):
+    self.limit = limit  # consecutive skips that stop the run; 0: never
+    self.writer = writer
+    self.consecutive = 0
+
+  def observe(self, step: int, metrics: dict) -> dict:
+    """Counts step `step`'s verdict (in step order); returns `metrics`."""
+    if not metrics.get('skipped'):
+      self.consecutive = 0
+      return metrics
+    self.consecutive += 1
+    self.writer.print(
+      f'Step {step}: non-finite loss or gradient; update skipped '
+      f'({self.consecutive} in a row).'
+    )
+    return metrics
+
+  @property
+  def near_limit(self) -> bool:
+    return self.limit > 0 and self.consecutive + 1 >= self.limit
+
+  @property
+  def exhausted(self) -> bool:
+    return self.limit > 0 and self.consecutive >= self.limit
 
 
 class _StopSignal:

@@ -4,13 +4,20 @@ Every message names the config field and says what was expected, so a typo
 costs seconds, not a queued pod job.
 """
 
+import difflib
 import importlib.util
+import math
+from collections.abc import Iterator
+from typing import Any
 
+import jax
 import ml_collections
 import tensorflow as tf
 
+from pretrain_lm import configlib, sharding
 from pretrain_lm.data import pipeline, sources
-from pretrain_lm.models import MODELS
+from pretrain_lm.models import MODELS, ModelConfig
+from pretrain_lm.models import config as model_config_lib
 from pretrain_lm.objectives import OBJECTIVES
 
 # pretrain_lm.train.OPTIMIZERS' keys (tests/switches_test.py checks they
@@ -23,8 +30,193 @@ def _require(ok: bool, message: str) -> None:
     raise ValueError(message)
 
 
+# Numbers that mean something only in a range: (field, low, high, ends),
+# ends '[)' etc. saying which bounds are allowed. An objective's check_config
+# adds what depends on the objective; these hold whichever is chosen.
+_RANGES = (
+  ('model.dropout_rate', 0, 1, '[)'),
+  ('model.attention_dropout_rate', 0, 1, '[)'),
+  ('model.initializer_range', 0, math.inf, '()'),
+  ('model.layer_norm_eps', 0, math.inf, '()'),
+  ('model.rotary_base', 0, math.inf, '()'),
+  ('objective.mask_token_rate', 0, 1, '[]'),
+  ('objective.random_token_rate', 0, 1, '[]'),
+  ('objective.span_p', 0, 1, '(]'),
+  ('objective.noise_density', 0, 1, '()'),
+  ('objective.mean_span_length', 0, math.inf, '()'),
+  ('objective.infill_rate', 0, 1, '[]'),
+  ('objective.poisson_lambda', 0, math.inf, '[)'),
+  ('objective.infill_random_rate', 0, 1, '[]'),
+  ('objective.permute_sentences', 0, 1, '[]'),
+  ('objective.rotate_rate', 0, 1, '[]'),
+  ('objective.delete_rate', 0, 1, '[]'),
+  ('objective.token_mask_rate', 0, 1, '[]'),
+  ('optimizer.learning_rate', 0, math.inf, '[)'),
+  ('optimizer.final_learning_rate', 0, math.inf, '[)'),
+  ('optimizer.b1', 0, 1, '[)'),
+  ('optimizer.b2', 0, 1, '[)'),
+  ('optimizer.eps', 0, math.inf, '[)'),
+  ('optimizer.weight_decay', 0, math.inf, '[)'),
+  ('optimizer.grad_clip_norm', 0, math.inf, '[)'),
+  ('optimizer.adafactor_decay_rate', 0, 1, '(]'),
+  ('optimizer.adafactor_momentum', 0, 1, '[)'),
+  ('data.shuffle_buffer', 1, math.inf, '[)'),
+  ('data.tokenizer_max_docs', 1, math.inf, '[)'),
+  ('data.max_doc_bytes', 1, math.inf, '[)'),
+)
+
+
+def _leaves(config: Any, prefix: str = '') -> Iterator[tuple[str, Any]]:
+  """(dotted name, value) of every field below `config`."""
+  for key, value in config.items():
+    if isinstance(value, ml_collections.ConfigDict):
+      yield from _leaves(value, f'{prefix}{key}.')
+    else:
+      yield f'{prefix}{key}', value
+
+
+def _did_you_mean(name: str, names) -> str:
+  """' Did you mean 'x.y'?' for the known name closest to `name`, or ''."""
+  close = difflib.get_close_matches(name, list(names), n=1, cutoff=0.6)
+  return f' Did you mean {close[0]!r}?' if close else ''
+
+
+def _type_error(name: str, value: Any, default: Any) -> str | None:
+  """Why `value` cannot stand where base_config has `default`, or None."""
+  if isinstance(default, bool):
+    ok, kind = isinstance(value, bool), 'a bool'
+  elif isinstance(default, int):
+    ok = isinstance(value, int) and not isinstance(value, bool)
+    kind = 'an int'
+  elif isinstance(default, float):
+    ok = isinstance(value, int | float) and not isinstance(value, bool)
+    kind = 'a number'
+  elif isinstance(default, str):
+    ok, kind = isinstance(value, str), 'a string'
+  else:
+    return None
+  if ok:
+    return None
+  return f'{name}={value!r} ({type(value).__name__}) must be {kind}.'
+
+
+def check_fields(config: ml_collections.ConfigDict) -> None:
+  """The checks that read no file and touch no device: milliseconds.
+
+  Unknown fields (with the nearest known one), wrong types, numbers out of
+  range, a mesh or batch that cannot be split, heads that do not divide
+  the width.
+  """
+  known = dict(_leaves(configlib.base_config()))
+  given = dict(_leaves(config))
+  sections = {name.rsplit('.', 1)[0] for name in known}
+  for name, value in given.items():
+    if name not in known:
+      section = name.rsplit('.', 1)[0] if '.' in name else 'the config'
+      fields = sorted(
+        k[len(section) + 1 :] for k in known if k.startswith(f'{section}.')
+      )
+      where = (
+        f'Valid fields of {section}: {fields}.'
+        if section in sections
+        else f'Valid sections: {sorted(sections)}.'
+      )
+      raise ValueError(
+        f'Unknown config field {name!r}.{_did_you_mean(name, known)} {where}'
+      )
+    message = _type_error(name, value, known[name])
+    _require(message is None, message)
+  for name, low, high, ends in _RANGES:
+    if name not in given:
+      continue
+    value = given[name]
+    above = value > low if ends[0] == '(' else value >= low
+    below = value < high if ends[1] == ')' else value <= high
+    high_text = 'inf' if math.isinf(high) else f'{high:g}'
+    _require(
+      above and below,
+      f'{name}={value} must be in {ends[0]}{low:g}, {high_text}{ends[1]}.',
+    )
+  _check_mesh(config)
+  _check_heads(config.model)
+
+
+def _check_heads(m: ml_collections.ConfigDict) -> None:
+  """model.num_heads must divide model.emb_dim but in the papers' presets.
+
+  The attention width is num_heads x head_dim, so the model runs either
+  way; but a head count that does not divide the width is nearly always an
+  override that left head_dim behind. T5 v1.1 small's 6 x 64 over 512 is
+  such a shape on purpose, so the SIZES presets' shapes are allowed.
+  """
+  _require(m.num_heads > 0, f'model.num_heads={m.num_heads} must be > 0.')
+  shape = (m.emb_dim, m.num_heads, m.head_dim)
+  presets = {
+    (p['emb_dim'], p['num_heads'], p['head_dim'])
+    for table, sizes in model_config_lib.SIZES.items()
+    for p in (model_config_lib.size_preset(size, table) for size in sizes)
+  }
+  _require(
+    m.emb_dim % m.num_heads == 0 or shape in presets,
+    f'model.num_heads={m.num_heads} does not divide model.emb_dim='
+    f'{m.emb_dim}; pick a divisor and set model.head_dim = emb_dim / '
+    f'num_heads (now {m.head_dim}).',
+  )
+
+
+def _mesh_sizes(config: ml_collections.ConfigDict, num_devices: int | None):
+  """mesh.{data,fsdp,tensor} with -1 resolved (left -1 without a count)."""
+  sizes = [config.mesh[a] for a in sharding.MESH_AXES]
+  for axis, size in zip(sharding.MESH_AXES, sizes, strict=True):
+    _require(
+      size == -1 or size >= 1,
+      f'mesh.{axis}={size} must be >= 1, or -1 for the devices the other '
+      'axes leave.',
+    )
+  _require(
+    sizes.count(-1) <= 1,
+    f'mesh (data, fsdp, tensor) = {tuple(sizes)}: at most one axis may be -1.',
+  )
+  if num_devices is None:
+    return sizes
+  return list(sharding.mesh_shape(config.mesh, num_devices))
+
+
+def _check_mesh(
+  config: ml_collections.ConfigDict, num_devices: int | None = None
+) -> None:
+  """The mesh fits the devices, and the batch splits over its data axes."""
+  data, fsdp, _ = _mesh_sizes(config, num_devices)
+  if data == -1 or fsdp == -1:
+    return  # the data-parallel size is known once the devices are
+  batch, accum = config.data.batch_size, config.train.grad_accum_steps
+  shards = data * fsdp
+  _require(
+    batch % shards == 0,
+    f'data.batch_size={batch} is not divisible by the data-parallel size '
+    f'mesh.data x mesh.fsdp = {data} x {fsdp} = {shards}.',
+  )
+  _require(
+    # A bad accum itself is named by check_config's own check.
+    accum < 1 or batch % accum or (batch // accum) % shards == 0,
+    f'data.batch_size={batch} / train.grad_accum_steps={accum} = '
+    f'{batch // max(accum, 1)} rows per microbatch, not divisible by the '
+    f'data-parallel size mesh.data x mesh.fsdp = {shards}.',
+  )
+
+
+def check_devices(
+  config: ml_collections.ConfigDict, num_devices: int | None = None
+) -> None:
+  """The mesh checks against `num_devices` (default: all, after init)."""
+  if num_devices is None:
+    num_devices = jax.device_count()
+  _check_mesh(config, num_devices)
+
+
 def check_config(config: ml_collections.ConfigDict) -> None:
   """Raises ValueError/FileNotFoundError naming the first bad field."""
+  check_fields(config)  # milliseconds: before anything that reads files
   m, d, t, c = config.model, config.data, config.train, config.checkpoint
   _require(
     m.family in MODELS, f'model.family={m.family!r}; valid: {sorted(MODELS)}.'
@@ -61,8 +253,27 @@ def check_config(config: ml_collections.ConfigDict) -> None:
   for name in ('log_every', 'eval_every'):
     _require(t[name] > 0, f'train.{name}={t[name]} must be > 0.')
   _require(c.every > 0, f'checkpoint.every={c.every} must be > 0.')
+  for name in ('keep', 'keep_best', 'keep_every'):
+    _require(c[name] >= 0, f'checkpoint.{name}={c[name]} must be >= 0.')
+  _require(
+    c.best_mode in ('min', 'max'),
+    f"checkpoint.best_mode={c.best_mode!r}; expected 'min' or 'max'.",
+  )
+  _require(
+    c.on_corrupt in ('fail', 'previous'),
+    f"checkpoint.on_corrupt={c.on_corrupt!r}; expected 'fail' or 'previous'.",
+  )
+  _require(
+    not c.keep_best or c.best_metric.startswith('eval_'),
+    f'checkpoint.best_metric={c.best_metric!r} must name an eval metric '
+    "(they start with 'eval_', e.g. 'eval_loss').",
+  )
   _require(
     t.exit_interval >= 0, f'train.exit_interval={t.exit_interval} must be >= 0.'
+  )
+  _require(
+    t.max_consecutive_skips >= 0,
+    f'train.max_consecutive_skips={t.max_consecutive_skips} must be >= 0.',
   )
   _require(
     config.optimizer.warmup_steps >= 0, 'optimizer.warmup_steps must be >= 0.'
@@ -81,11 +292,9 @@ def check_config(config: ml_collections.ConfigDict) -> None:
   if hasattr(objective, 'check_config'):
     objective.check_config(config)
 
-  sources.check_source(d.source, 'data.source', tfds_data_dir=d.tfds_data_dir)
-  if d.eval_source:
-    sources.check_source(
-      d.eval_source, 'data.eval_source', tfds_data_dir=d.tfds_data_dir
-    )
+  ModelConfig.from_config(m)  # its own checks, before tokenizer training
+  # Scans local files once (the pipeline reuses the scan): data.bad_input.
+  sources.check_sources(d)
   if d.tokenizer and not tf.io.gfile.exists(d.tokenizer):
     raise FileNotFoundError(
       f'data.tokenizer: no tokenizer file at {d.tokenizer!r}.'
@@ -96,11 +305,28 @@ def check_config(config: ml_collections.ConfigDict) -> None:
     )
 
 
+def _parse_error(text: str, default: Any) -> str | None:
+  """Why the command-line `text` cannot set a field holding `default`."""
+  if isinstance(default, bool):
+    # absl's boolean parser accepts exactly these.
+    ok = text.lower() in ('true', 't', '1', 'false', 'f', '0')
+    return None if ok else 'is a bool: true or false'
+  for kind, parse, what in ((int, int, 'an int'), (float, float, 'a number')):
+    if isinstance(default, kind):
+      try:
+        parse(text)
+      except ValueError:
+        return f'is {what}'
+      return None
+  return None
+
+
 def unknown_override(argv: list[str]) -> str | None:
   """Explains the first `--config.a.b=...` in argv that names no field.
 
-  absl's own message for a locked-config typo is an AttributeError deep in a
-  traceback; this one names the field and lists the valid ones.
+  Or that gives a field a value of the wrong type. absl's own messages are
+  an AttributeError deep in a traceback, or name no field; this one names
+  the field, the nearest known one and the valid ones.
   """
   config_arg = next(
     (a.split('=', 1)[1] for a in argv if a.startswith('--config=')), None
@@ -113,6 +339,8 @@ def unknown_override(argv: list[str]) -> str | None:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     config = module.get_config(arg or None)
+  except ValueError as e:  # the config file's arg (parse_arg) or values
+    return f'--config={config_arg}: {e}'
   except Exception:  # noqa: BLE001 - absl reports config-file errors itself
     return None
   for a in argv:
@@ -128,10 +356,17 @@ def unknown_override(argv: list[str]) -> str | None:
           if isinstance(node, ml_collections.ConfigDict)
           else []
         )
+        hint = _did_you_mean(name, dict(_leaves(config)))
         return (
           f'Unknown config field {name!r} in {a!r}: {where} has no '
-          f'field {part!r}. Valid fields of {where}: {valid}.'
+          f'field {part!r}.{hint} Valid fields of {where}: {valid}.'
         )
       node = node[part]
       walked.append(part)
+    _, has_value, text = a.partition('=')
+    why = _parse_error(text, node) if has_value else None
+    if why:
+      return (
+        f'{a!r}: config field {name} {why} (it is {node!r}); {text!r} is not.'
+      )
   return None

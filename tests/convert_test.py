@@ -221,7 +221,10 @@ def test_imported_workdir_restores_for_init_from(minilm_workdir):
       )
     )['params']
   )
-  restored = source.restore_params(step, backbone)
+  # Strict unless asked: a subtree of the params is a partial restore.
+  with pytest.raises(checkpoint_lib.TreeMismatchError, match='mlm_head'):
+    source.restore_params(step, backbone)
+  restored = source.restore_params(step, backbone, partial=True)
   source.close()
   assert 'mlm_head' not in restored
   np.testing.assert_array_equal(

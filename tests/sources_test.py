@@ -1,11 +1,12 @@
 """Tests for pretrain_lm.data.sources."""
 
+import ml_collections
 import pytest
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
 from pretrain_lm import configlib
-from pretrain_lm.data import sources
+from pretrain_lm.data import pipeline, sources
 
 
 def _data_config(source, eval_source='', **overrides):
@@ -52,13 +53,22 @@ def test_missing_glob_among_several(numbered, tmp_path):
 
 
 @pytest.mark.parametrize('content', ['', '  \n\n\t \n'])
-def test_blank_file_names_file_and_field(numbered, tmp_path, content):
+def test_blank_file_is_skipped_or_fails_naming_file(
+  numbered, tmp_path, content
+):
   blank = tmp_path / 'blank.txt'
   blank.write_text(content)
+  source = f'{numbered},{blank}'
+  config = _data_config(source, eval_source='x')
+  sources.check_source(source, 'data.source', data_config=config)
+  assert sources.skipped_input(config)['data/skipped_empty_file'] == 1
+  config.bad_input = 'fail'
   with pytest.raises(ValueError) as e:
-    sources.check_source(f'{numbered},{blank}', 'data.source')
-  assert str(blank) in str(e.value)
-  assert 'data.source' in str(e.value)
+    sources.check_source(source, 'data.source', data_config=config)
+  assert f"data.source: '{blank}' at byte 0" in str(e.value)
+  # Alone, it is a source with no usable text, whatever the policy.
+  with pytest.raises(ValueError, match='no usable text.*1 empty_file'):
+    sources.check_source(str(blank), 'data.source')
 
 
 def test_directory_is_an_error(tmp_path):
@@ -308,3 +318,203 @@ def test_missing_file_with_slice(tmp_path):
   missing = str(tmp_path / 'missing.txt')
   with pytest.raises(FileNotFoundError, match=f"'{missing}'"):
     sources.check_source(f'{missing}[:90%]', 'data.source')
+
+
+# A corpus of bad input around good documents. Byte offsets of the faults
+# are found in the bytes themselves, so the test states no magic numbers.
+GOOD = b'good one\n  \n\tgood two \r\n'
+BAD_UTF8 = b'caf\xc3\xa9 then \xff\xfe junk\n'
+CONTROL = b'\x01\x02\x03\x04\x05\x06 ok\n'
+NUL_LINE = b'nul\x00in a line\n'
+LONG = b'x' * 300 + b'\n'
+MIXED = GOOD + BAD_UTF8 + b'good three\n' + CONTROL + LONG + NUL_LINE + b'end'
+
+
+@pytest.fixture
+def corpus(tmp_path):
+  """Good documents among every kind of bad input, one kind per file."""
+  files = {
+    'a_empty.txt': b'',
+    'b_mixed.txt': MIXED,
+    'c_binary.bin': bytes(range(256)) * 40 + b'\n' + bytes(range(256)),
+    'd_spaces.txt': b'  \n\t\n \n',
+    'e_good.txt': 'zwölf\n\nlast\n'.encode(),
+  }
+  for name, data in files.items():
+    (tmp_path / name).write_bytes(data)
+  return tmp_path
+
+
+def _bad_config(corpus, **overrides):
+  return _data_config(
+    str(corpus / '*'),
+    **{'eval_holdout_every': 1000, 'max_doc_bytes': 200, **overrides},
+  )
+
+
+def test_bad_input_is_skipped_and_counted(corpus):
+  config = _bad_config(corpus)
+  sources.check_sources(config)
+  assert _docs(config) == [
+    'good one',
+    'good two',
+    'good three',
+    'end',
+    'zwölf',
+    'last',
+  ]
+  assert sources.skipped_input(config) == {
+    'data/skipped_empty_file': 2,  # a_empty and d_spaces
+    'data/skipped_binary': 3,  # c_binary whole; the control and NUL lines
+    'data/skipped_invalid_utf8': 1,
+    'data/skipped_too_long': 1,
+    'data/skipped_whitespace_only': 1,  # '  ' in b_mixed
+  }
+  # A bad line leaves the rest of its block.
+  config.doc_format = 'blank_line'
+  assert _docs(config) == [
+    'good one',
+    'good two \ngood three\nend',
+    'zwölf',
+    'last',
+  ]
+
+
+def test_file_format_skips_bad_files_whole(corpus):
+  config = _bad_config(corpus, doc_format='file', max_doc_bytes=10_000)
+  assert _docs(config) == ['zwölf\n\nlast\n']
+  counts = sources.skipped_input(config)
+  # c_binary, and b_mixed for its NUL (the first test of _fault).
+  assert counts['data/skipped_binary'] == 2
+  assert counts['data/skipped_empty_file'] == 2
+  config.max_doc_bytes = 10
+  with pytest.raises(ValueError, match='no usable text.*2 too_long'):
+    _docs(config)
+
+
+@pytest.mark.parametrize(
+  'name, data, offset, words',
+  [
+    ('a.txt', b'', 0, 'empty'),
+    ('b.txt', MIXED, MIXED.index(b'\xff'), 'invalid UTF-8'),
+    (
+      'b.txt',
+      MIXED.replace(BAD_UTF8, b''),
+      MIXED.index(CONTROL) - len(BAD_UTF8),
+      'binary',
+    ),
+    ('b.txt', GOOD + LONG, len(GOOD), 'longer than data.max_doc_bytes=200'),
+    ('b.txt', GOOD + NUL_LINE, len(GOOD) + 3, 'binary'),
+    ('c.bin', bytes(range(256)) * 4, 0, 'binary'),
+  ],
+)
+def test_fail_names_file_and_byte_offset(tmp_path, name, data, offset, words):
+  (tmp_path / name).write_bytes(data)
+  (tmp_path / 'z.txt').write_bytes(b'fine\n')
+  config = _bad_config(tmp_path, bad_input='fail')
+  with pytest.raises(ValueError) as e:
+    sources.check_sources(config)
+  message = str(e.value)
+  assert f"data.source: '{tmp_path / name}' at byte {offset}:" in message
+  assert words in message and "data.bad_input='skip'" in message
+
+
+def test_whitespace_only_lines_never_fail(tmp_path):
+  (tmp_path / 'a.txt').write_bytes(b'one\n \n\t\ntwo\n')
+  config = _bad_config(tmp_path, bad_input='fail')
+  assert _docs(config) == ['one', 'two']
+  # The bundled corpus is clean but for its ' ' separator lines.
+  config = _data_config(configlib.base_config().data.source, bad_input='fail')
+  sources.check_sources(config)
+  counts = sources.skipped_input(config)
+  assert counts.pop('data/skipped_whitespace_only') > 0
+  assert set(counts.values()) == {0}
+
+
+def test_all_bad_source_fails_at_check_naming_counts(tmp_path):
+  (tmp_path / 'a.txt').write_bytes(b'')
+  (tmp_path / 'b.txt').write_bytes(BAD_UTF8 + LONG)
+  config = _bad_config(tmp_path)
+  with pytest.raises(ValueError) as e:
+    sources.check_sources(config)
+  message = str(e.value)
+  assert f"data.source='{tmp_path / '*'}' has no usable text" in message
+  assert '1 empty_file' in message and '1 invalid_utf8' in message
+  assert '1 too_long' in message
+
+
+def test_bad_lines_are_cut_from_a_slice(tmp_path):
+  text = b'alpha\n' + BAD_UTF8 + b'beta\n' * 8
+  (tmp_path / 'a.txt').write_bytes(text)
+  config = _bad_config(tmp_path)
+  config.source = f'{tmp_path / "a.txt"}[:50%]'
+  docs = _docs(config)  # the cut falls inside a 'beta'
+  assert docs[0] == 'alpha' and 2 <= len(docs) <= 4
+  assert all(doc in ('beta', 'bet', 'be', 'b') for doc in docs[1:])
+  assert sources.skipped_input(config)['data/skipped_invalid_utf8'] == 1
+  config.source = f'{tmp_path / "a.txt"}[50%:]'
+  assert sources.skipped_input(config)['data/skipped_invalid_utf8'] == 0
+  config.bad_input = 'fail'
+  config.source = f'{tmp_path / "a.txt"}[:50%]'
+  offset = text.index(BAD_UTF8) + BAD_UTF8.index(b'\xff')
+  with pytest.raises(ValueError, match=f'at byte {offset}:'):
+    sources.check_sources(config)
+
+
+def test_a_line_longer_than_a_read_chunk(tmp_path, monkeypatch):
+  monkeypatch.setattr(sources, '_CHUNK_BYTES', 64)
+  text = b'a\n' + b'y' * 1000 + b'\nb\n' + b' ' * 500 + b'\nc'
+  (tmp_path / 'a.txt').write_bytes(text)
+  config = _bad_config(tmp_path)
+  assert _docs(config) == ['a', 'b', 'c']
+  counts = sources.skipped_input(config)
+  assert counts['data/skipped_too_long'] == 1
+  config.bad_input = 'fail'
+  with pytest.raises(ValueError, match='at byte 2: a document longer'):
+    sources.check_sources(config)
+
+
+@pytest.mark.parametrize(
+  'doc',
+  [
+    b'plain',
+    'café 漢字 😀'.encode(),
+    b'\xef\xbb\xbfbom',
+    b'a\xffb',
+    b'\xe6\x97',
+    b'\xed\xa0\x80',  # an encoded surrogate
+    b'\xc0\x80',  # overlong
+    b'\xf4\x90\x80\x80',  # beyond U+10FFFF
+    b'a\x00b',
+    b'\x1b[1mbold\x1b[0m',
+    b'\x01\x02\x03ab',
+    b'\x01\x02ab',
+    b'z' * 201,
+    b'z' * 200,
+  ],
+)
+def test_python_scan_and_tf_filter_agree(doc):
+  want = sources._fault(doc, 200) is None
+  assert bool(sources._is_text(tf.constant(doc), 200)) == want
+
+
+def test_bad_input_skipped_before_host_sharding(corpus):
+  config = _bad_config(corpus)
+  everything = _docs(config)
+  shards = [_docs(config, 'train', i, 2) for i in range(2)]
+  assert shards == [everything[0::2], everything[1::2]]
+
+
+def test_configs_saved_before_the_fields_get_defaults(corpus):
+  config = _bad_config(corpus).to_dict()
+  del config['bad_input'], config['max_doc_bytes']
+  old = ml_collections.ConfigDict(config)
+  assert _docs(old)[:3] == ['good one', 'good two', 'good three']
+
+
+def test_skipped_input_is_in_the_pipeline_metrics(corpus):
+  config = configlib.base_config()
+  config.data = _bad_config(corpus)
+  skipped = pipeline.skipped_input(config)
+  assert skipped == sources.skipped_input(config.data)
+  assert skipped['data/skipped_invalid_utf8'] == 1

@@ -3,6 +3,7 @@
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -321,6 +322,20 @@ def test_sigterm_saves_and_resumes(tmp_path, tokenizer_path):
   assert 'saving a checkpoint' in out and 'Exiting with code 75' in out
   steps = os.listdir(os.path.join(workdir, 'checkpoints'))
   assert len(steps) == 1 and int(steps[0]) > 0, steps
+  saved = int(steps[0])
+  # Saved within one step: at most the step in flight when the signal came
+  # finished after it, and it is the step saved.
+  after = out[out.index('saving a checkpoint') :]
+  assert len(re.findall(r'^step \d+:', after, re.M)) <= 1, out
+  assert max(train_losses(workdir)) == saved, out
+  assert f'Stopping at step {saved}' in out, out
+
+  # The checkpoint is committed: the same command resumes from it (stopped
+  # again one step later by exit_interval, which leaves the step's compile
+  # cache entry usable).
+  rerun = run_main(workdir, {**overrides, 'train.exit_interval': saved + 1})
+  assert f'Resumed from {workdir}/checkpoints at step {saved}' in rerun.stdout
+  assert max(train_losses(workdir)) == saved + 1
 
 
 @pytest.mark.parametrize(

@@ -426,10 +426,7 @@ def _write_workdir(workdir, config, spec, state, tokenizer, record) -> None:
   meta = {
     'step': 0,
     'batches_consumed': 0,
-    'tokenizer': {
-      'vocab_size': tokenizer.vocab_size,
-      'special_ids': tokenizer.special_ids,
-    },
+    'tokenizer': checkpoint_lib.tokenizer_meta(tokenizer),
     'model_family': config.model.family,
     'objective': config.objective.name,
     'imported_from': record['source'],

@@ -324,6 +324,11 @@ def _rows(
   )
 
 
+def skipped_input(config: ml_collections.ConfigDict) -> dict[str, int]:
+  """Training documents data.bad_input='skip' dropped, per kind (metrics)."""
+  return sources.skipped_input(config.data)
+
+
 def _row_seed(data_seed: int, epoch, index) -> tf.Tensor:
   """The stateless seed (shape [2]) of row `index` of `epoch`."""
   seed = tf.constant([data_seed, _ROW_SALT], tf.int64)

@@ -7,20 +7,56 @@ matches is cut to those characters before it is split into documents, as
 nanoGPT's `data[:int(n * 0.9)]` / `data[int(n * 0.9):]`, so '[:90%]' and
 '[90%:]' of one file partition it. Every function here returns documents in
 a fixed order, so that the packed rows built from them are reproducible.
+
+Local files are scanned once per process before they are read: empty
+files, binary data, invalid UTF-8 and documents over data.max_doc_bytes are
+skipped and counted (data.bad_input='skip') or fail with the file and byte
+offset ('fail'); a source with no usable text fails either way. TFDS
+datasets are left to TFDS' own checks.
 """
 
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import NamedTuple
 
 import ml_collections
 import tensorflow as tf
+from absl import logging
+
+from pretrain_lm import configlib
 
 TFDS_PREFIX = 'tfds:'
 # 'line': a document per line; 'blank_line': blocks of lines between blank
 # lines; 'file': each file is one document, kept verbatim.
 DOC_FORMATS = ('line', 'blank_line', 'file')
 SPLITS = ('train', 'eval')
+BAD_INPUT_POLICIES = ('skip', 'fail')
+# What the scan skips, counted in documents (a line, block or file) and
+# reported in the metrics as 'data/skipped_<category>'. Whitespace-only
+# lines are counted but never fatal: many corpora use ' ' lines as
+# separators (WikiText has a thousand per file).
+BAD_INPUT = (
+  'empty_file',
+  'binary',
+  'invalid_utf8',
+  'too_long',
+  'whitespace_only',
+)
+_FATAL = BAD_INPUT[:-1]
+_DESCRIBE = {
+  'empty_file': 'an empty or whitespace-only file',
+  'binary': 'binary data (a NUL byte, or mostly control characters)',
+  'invalid_utf8': 'invalid UTF-8',
+  'too_long': 'a document longer than data.max_doc_bytes={max_doc_bytes}',
+  'whitespace_only': 'a whitespace-only line',
+}
+# Bytes that are not text: C0 controls but tab, LF, VT, FF and CR; and DEL.
+_CONTROL = bytes([*range(9), *range(14, 32), 127])
+# A NUL in a file's first 8 KiB marks the whole file binary (as git and GNU
+# grep decide) when that head is no text either: an image or archive a glob
+# caught is skipped whole, not split into thousands of bad lines.
+_SNIFF_BYTES = 8192
+_CHUNK_BYTES = 1 << 23
 # A trailing [...] holding ':' or '%' is a slice; any other is a glob's
 # character class ('shard[01].txt').
 _SLICE_SUFFIX = re.compile(r'(.*)\[([^\[\]]*[:%][^\[\]]*)\]')
@@ -81,14 +117,283 @@ def _match_files(source: str, field: str) -> list[_File]:
   return files
 
 
-def _check_not_blank(path: str, field: str) -> None:
-  """Raises unless the file holds some non-whitespace text."""
+class _Scan(NamedTuple):
+  """One file's (or slice's) bad input, from _scan_file."""
+
+  counts: dict[str, int]  # category -> documents skipped
+  faults: list[tuple[int, str]]  # (byte offset, category), file order
+  usable: bool  # holds at least one good document
+
+
+def _fault(doc: bytes, max_doc_bytes: int) -> tuple[int, str] | None:
+  """(offset in `doc`, category) of why a non-blank `doc` is bad, or None.
+
+  _is_text is the same test in TF ops; the two must agree.
+  """
+  if len(doc) > max_doc_bytes:
+    return 0, 'too_long'
+  nul = doc.find(b'\0')
+  if nul >= 0:
+    return nul, 'binary'
+  try:
+    doc.decode('utf-8')
+  except UnicodeDecodeError as e:
+    return e.start, 'invalid_utf8'
+  if 2 * (len(doc) - len(doc.translate(None, _CONTROL))) > len(doc):
+    return 0, 'binary'
+  return None
+
+
+def _is_text(doc: tf.Tensor, max_doc_bytes: int) -> tf.Tensor:
+  """False where _fault finds bad input; blank documents pass (separators)."""
+  size = tf.strings.length(doc)
+  raw = tf.io.decode_raw(doc, tf.uint8)
+  control = (raw < 9) | ((raw >= 14) & (raw < 32)) | (raw == 127)
+  num_control = tf.reduce_sum(tf.cast(control, tf.int32))
+  # Transcoding drops invalid sequences, so only valid UTF-8 keeps its size.
+  valid = size == tf.strings.length(
+    tf.strings.unicode_transcode(doc, 'UTF-8', 'UTF-8', errors='ignore')
+  )
+  good = (
+    (size <= max_doc_bytes)
+    & ~tf.reduce_any(raw == 0)
+    & valid
+    & (2 * num_control <= size)
+  )
+  return good | (tf.strings.length(tf.strings.strip(doc)) == 0)
+
+
+def _binary_head(head: bytes) -> bool:
+  """Whether a file starting with `head` (which holds a NUL) is no text.
+
+  A stray NUL or bad sequence in text only spoils its line; in a binary
+  file (compressed, an image) over a quarter of the bytes are controls or
+  invalid UTF-8.
+  """
+  valid = len(head.decode('utf-8', errors='ignore').encode('utf-8'))
+  control = len(head) - len(head.translate(None, _CONTROL))
+  return 4 * (len(head) - valid + control) > len(head)
+
+
+def _scan_block(block, start, max_doc_bytes, count_blank, counts, faults):
+  """Scans whole lines `block` at file offset `start`; True if one is good."""
+  lines = block.split(b'\n')
+  if block.endswith(b'\n'):
+    lines.pop()  # the empty piece after the last newline is no line
+  # Fast path for the common clean chunk: C-speed checks of all of it (NUL
+  # is one of the _CONTROL bytes).
+  clean = len(block.translate(None, _CONTROL)) == len(block)
+  if clean:
+    try:
+      block.decode('utf-8')
+    except UnicodeDecodeError:
+      clean = False
+  if clean and len(block) > max_doc_bytes:
+    clean = max(map(len, lines), default=0) <= max_doc_bytes
+  usable, offset = False, start
+  for line in lines:
+    # TextLineDataset drops the '\r' of a '\r\n'.
+    text = line[:-1] if line.endswith(b'\r') else line
+    if not text.strip():
+      if text and count_blank:
+        counts['whitespace_only'] += 1
+    elif clean or (fault := _fault(text, max_doc_bytes)) is None:
+      usable = True
+    else:
+      counts[fault[1]] += 1
+      faults.append((offset + fault[0], fault[1]))
+    offset += len(line) + 1
+  return usable
+
+
+def _scan_lines(
+  chunks: Iterable[bytes], start: int, max_doc_bytes: int, count_blank: bool
+) -> _Scan:
+  """Scans a file's lines, read in `chunks` that begin at file offset start."""
+  counts, faults = dict.fromkeys(BAD_INPUT, 0), []
+  usable = nonblank = skipping = False
+  carry, offset = b'', start  # offset: where `carry` begins in the file
+  for chunk in chunks:
+    nonblank = nonblank or bool(chunk.strip())
+    if skipping:  # inside a line already counted too long
+      newline = chunk.find(b'\n')
+      if newline < 0:
+        offset += len(chunk)
+        continue
+      chunk, offset = chunk[newline + 1 :], offset + newline + 1
+      skipping = False
+    buf = carry + chunk
+    cut = buf.rfind(b'\n') + 1
+    usable |= _scan_block(
+      buf[:cut], offset, max_doc_bytes, count_blank, counts, faults
+    )
+    carry, offset = buf[cut:], offset + cut
+    if len(carry) > max_doc_bytes:
+      # Never hold a line longer than any document may be.
+      if carry.strip():
+        counts['too_long'] += 1
+        faults.append((offset, 'too_long'))
+      offset, carry, skipping = offset + len(carry), b'', True
+  if carry:
+    usable |= _scan_block(
+      carry, offset, max_doc_bytes, count_blank, counts, faults
+    )
+  if not nonblank:
+    return _Scan({**dict.fromkeys(BAD_INPUT, 0), 'empty_file': 1}, [], False)
+  return _Scan(counts, faults, usable)
+
+
+def _read_chunks(path: str) -> Iterator[bytes]:
   with tf.io.gfile.GFile(path, 'rb') as f:
-    # Reads only up to the first text, so large files cost one chunk.
-    while chunk := f.read(1 << 20):
-      if chunk.strip():
-        return
-  raise ValueError(f'{field}: {path!r} is empty or only whitespace.')
+    while chunk := f.read(_CHUNK_BYTES):
+      yield chunk
+
+
+def _scan_file(file: _File, doc_format: str, max_doc_bytes: int) -> _Scan:
+  """The bad input of one matched file (or slice of it), without TF graphs."""
+  with tf.io.gfile.GFile(file.path, 'rb') as f:
+    head = f.read(_SNIFF_BYTES)
+  nul = head.find(b'\0')
+  if nul >= 0 and _binary_head(head):
+    return _Scan(
+      {**dict.fromkeys(BAD_INPUT, 0), 'binary': 1}, [(nul, 'binary')], False
+    )
+  sliced = (file.start, file.stop) != (0, 100)
+  if sliced:
+    # The slice exactly as the pipeline cuts it (by TF's character count),
+    # and its byte offset in the file.
+    text = _read_text(file.path, file.start, file.stop).numpy()
+    begin = len(_read_text(file.path, 0, file.start).numpy())
+    chunks = [text]
+  else:
+    chunks, begin = _read_chunks(file.path), 0
+  if doc_format != 'file':
+    return _scan_lines(chunks, begin, max_doc_bytes, doc_format == 'line')
+  # A 'file' document is the whole text: streamed, so a huge one is never
+  # held just to be rejected.
+  size, nonblank, head = 0, False, b''
+  for chunk in chunks:
+    size += len(chunk)
+    nonblank = nonblank or bool(chunk.strip())
+    if size <= max_doc_bytes:
+      head += chunk
+  counts = dict.fromkeys(BAD_INPUT, 0)
+  if not nonblank:
+    return _Scan({**counts, 'empty_file': 1}, [], False)
+  if size > max_doc_bytes:
+    fault = (0, 'too_long')
+  else:
+    fault = _fault(head, max_doc_bytes)
+  if fault is None:
+    return _Scan(counts, [], True)
+  counts[fault[1]] = 1
+  return _Scan(counts, [(begin + fault[0], fault[1])], False)
+
+
+# _scan_file's results by (file, format, limit, size, mtime): a process
+# builds its pipelines several times (tokenizer, stages, eval), scans once.
+_SCANS: dict[tuple, _Scan] = {}
+
+
+def _cached_scan(file: _File, doc_format: str, max_doc_bytes: int) -> _Scan:
+  stat = tf.io.gfile.stat(file.path)
+  key = (file, doc_format, max_doc_bytes, stat.length, stat.mtime_nsec)
+  if key not in _SCANS:
+    _SCANS[key] = _scan_file(file, doc_format, max_doc_bytes)
+  return _SCANS[key]
+
+
+class _Checked(NamedTuple):
+  """A file source after its scan: what to read, and what was skipped."""
+
+  files: list[_File]  # those with a good document, in order
+  counts: dict[str, int]
+  filter_docs: bool  # some kept file holds bad documents to drop
+  max_doc_bytes: int
+
+
+def _summary(counts: dict[str, int]) -> str:
+  parts = [f'{n} {k}' for k, n in counts.items() if n]
+  return ', '.join(parts) or 'nothing'
+
+
+def _checked_files(
+  data_config: ml_collections.ConfigDict, source: str, field: str
+) -> _Checked:
+  """Scans `source`'s files and applies data.bad_input to what is bad."""
+  # Configs saved before these fields existed (old workdirs) get defaults.
+  defaults = configlib.base_config().data
+  policy = data_config.get('bad_input', defaults.bad_input)
+  limit = data_config.get('max_doc_bytes', defaults.max_doc_bytes)
+  if policy not in BAD_INPUT_POLICIES:
+    raise ValueError(
+      f'data.bad_input={policy!r} is not one of {BAD_INPUT_POLICIES}.'
+    )
+  if data_config.doc_format not in DOC_FORMATS:
+    raise ValueError(
+      f'data.doc_format={data_config.doc_format!r} is not one of {DOC_FORMATS}.'
+    )
+  counts, kept, filter_docs = dict.fromkeys(BAD_INPUT, 0), [], False
+  files = _match_files(source, field)
+  for file in files:
+    scan = _cached_scan(file, data_config.doc_format, limit)
+    fatal = [(o, k) for o, k in scan.faults if k in _FATAL]
+    if scan.counts['empty_file']:
+      fatal = [(0, 'empty_file')]
+    if policy == 'fail' and fatal:
+      offset, kind = fatal[0]
+      raise ValueError(
+        f'{field}: {file.path!r} at byte {offset}: '
+        f'{_DESCRIBE[kind].format(max_doc_bytes=limit)}. Set '
+        "data.bad_input='skip' to skip and count such input instead."
+      )
+    for k, n in scan.counts.items():
+      counts[k] += n
+    if scan.usable:
+      kept.append(file)
+      filter_docs = filter_docs or bool(fatal)
+  if not kept:
+    raise ValueError(
+      f'{field}={source!r} has no usable text: its {len(files)} file(s) '
+      f'gave only bad input ({_summary(counts)}).'
+    )
+  return _Checked(kept, counts, filter_docs, limit)
+
+
+_WARNED: set[tuple] = set()
+
+
+def _warn_skipped(checked: _Checked, field: str) -> None:
+  """Says once per process what `field`'s scan skipped (bar blank lines)."""
+  fatal = {k: n for k, n in checked.counts.items() if k in _FATAL and n}
+  key = (field, tuple(checked.files), tuple(fatal.items()))
+  if fatal and key not in _WARNED:
+    _WARNED.add(key)
+    logging.warning(
+      "%s: data.bad_input='skip' skipped bad input (documents per kind): %s.",
+      field,
+      _summary(fatal),
+    )
+
+
+def skipped_input(data_config: ml_collections.ConfigDict) -> dict[str, int]:
+  """data.source's skipped documents per category, for the metrics.
+
+  Per epoch over all hosts' files, as scanned when the source was first
+  read; {} for a TFDS source.
+  """
+  if _is_tfds(data_config.source):
+    return {}
+  # Cached: the loop asks at every log step, and globbing is not free.
+  key = tuple(data_config.get(k) for k in _SKIPPED_KEY)
+  if key not in _SKIPPED:
+    checked = _checked_files(data_config, data_config.source, 'data.source')
+    _SKIPPED[key] = {f'data/skipped_{k}': n for k, n in checked.counts.items()}
+  return dict(_SKIPPED[key])
+
+
+_SKIPPED_KEY = ('source', 'doc_format', 'bad_input', 'max_doc_bytes')
+_SKIPPED: dict[tuple, dict[str, int]] = {}
 
 
 def _tfds_builder(source: str, field: str, data_dir: str):
@@ -114,23 +419,32 @@ def _tfds_builder(source: str, field: str, data_dir: str):
   return builder
 
 
-def check_source(source: str, field: str, *, tfds_data_dir: str = '') -> None:
+def check_source(
+  source: str,
+  field: str,
+  *,
+  tfds_data_dir: str = '',
+  data_config: ml_collections.ConfigDict | None = None,
+) -> None:
   """Fails fast, before any compilation, if `source` cannot give documents.
 
   Args:
     source: a source string (see the module docstring).
     field: the config field it came from, named in errors.
     tfds_data_dir: where TFDS datasets are prepared ('' for TFDS' default).
+    data_config: the `data` section whose doc_format, bad_input and
+      max_doc_bytes apply to local files (default: base_config's).
   """
   if not source.strip():
     raise ValueError(f'{field} is empty; name text files or a TFDS dataset.')
   if _is_tfds(source):
     _tfds_builder(source, field, tfds_data_dir)
     return
-  # A slice of a non-blank file may still be blank, but checking would read
-  # the whole file; the pipeline then reports too little text instead.
-  for file in _match_files(source, field):
-    _check_not_blank(file.path, field)
+  if data_config is None:
+    data_config = configlib.base_config().data
+  # Scans every file once (cached for the pipeline): fails now on bad input
+  # under data.bad_input='fail', and on a source with no usable text.
+  _checked_files(data_config, source, field)
 
 
 def check_sources(data_config: ml_collections.ConfigDict) -> None:
@@ -140,11 +454,14 @@ def check_sources(data_config: ml_collections.ConfigDict) -> None:
       f'data.doc_format={data_config.doc_format!r} is not one of {DOC_FORMATS}.'
     )
   data_dir = data_config.tfds_data_dir
-  check_source(data_config.source, 'data.source', tfds_data_dir=data_dir)
-  if data_config.eval_source:
-    check_source(
-      data_config.eval_source, 'data.eval_source', tfds_data_dir=data_dir
-    )
+  for field in ('source', 'eval_source'):
+    if field == 'source' or data_config.eval_source:
+      check_source(
+        data_config[field],
+        f'data.{field}',
+        tfds_data_dir=data_dir,
+        data_config=data_config,
+      )
 
 
 def _read_text(path: tf.Tensor, start: tf.Tensor, stop: tf.Tensor):
@@ -177,11 +494,15 @@ def _file_lines(path: tf.Tensor, start: tf.Tensor, stop: tf.Tensor):
   ).concatenate(tf.data.Dataset.from_tensors(tf.constant('')))
 
 
-def _file_documents(files: list[_File], doc_format: str) -> tf.data.Dataset:
+def _file_documents(
+  files: list[_File], doc_format: str, max_doc_bytes: int | None = None
+) -> tf.data.Dataset:
   """All documents of `files`, in order, as non-blank strings.
 
   Documents of the 'line' and 'blank_line' formats are stripped; a 'file'
-  document is the file's (sliced) text verbatim, newlines included.
+  document is the file's (sliced) text verbatim, newlines included. Unless
+  max_doc_bytes is None, bad lines (and 'file' documents) are dropped, as
+  _fault finds them.
   """
   if doc_format not in DOC_FORMATS:
     raise ValueError(
@@ -191,8 +512,13 @@ def _file_documents(files: list[_File], doc_format: str) -> tf.data.Dataset:
   files_ds = tf.data.Dataset.from_tensor_slices((paths, starts, stops))
   if doc_format == 'file':
     docs = files_ds.map(_read_text)
+    if max_doc_bytes is not None:
+      docs = docs.filter(lambda doc: _is_text(doc, max_doc_bytes))
     return docs.filter(lambda doc: tf.strings.length(tf.strings.strip(doc)) > 0)
   lines = files_ds.flat_map(_file_lines)
+  if max_doc_bytes is not None:
+    # Before blocks are joined: a bad line leaves the rest of its block.
+    lines = lines.filter(lambda line: _is_text(line, max_doc_bytes))
   if doc_format == 'line':
     docs = lines
   else:
@@ -286,8 +612,13 @@ def documents(
     )
     shard = False
   else:
-    files = _match_files(source, field)
-    docs = _file_documents(files, data_config.doc_format)
+    checked = _checked_files(data_config, source, field)
+    _warn_skipped(checked, field)
+    docs = _file_documents(
+      checked.files,
+      data_config.doc_format,
+      checked.max_doc_bytes if checked.filter_docs else None,
+    )
     shard = True
   if holdout:
     in_eval = split == 'eval'

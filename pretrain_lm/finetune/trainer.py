@@ -437,10 +437,7 @@ class Trainer:
     return {
       'step': step,
       'epoch': step // self.steps_per_epoch,
-      'tokenizer': {
-        'vocab_size': self.tokenizer.vocab_size,
-        'special_ids': self.tokenizer.special_ids,
-      },
+      'tokenizer': checkpoint_lib.tokenizer_meta(self.tokenizer),
       'model_family': self.model_config.family,
       'task': self.config.task.to_dict(),
       'head': self.head,
@@ -477,6 +474,7 @@ class Trainer:
           c.init.step or None,
           abstract.params['backbone'],
           self.model_config.family,
+          tokenizer=self.tokenizer,
         )
         state = state.replace(params=dict(state.params, backbone=body))
       return state  # (3) with init.random_init
@@ -616,12 +614,17 @@ class Trainer:
 
 
 def restore_backbone(
-  init_workdir: str, step: int | None, abstract_body, family: str
+  init_workdir: str,
+  step: int | None,
+  abstract_body,
+  family: str,
+  tokenizer: tokenizer_lib.Tokenizer | None = None,
 ):
   """The body's params from a pretraining checkpoint, into its shardings.
 
   A partial restore: the pretraining heads fine-tuning does not use (MLM,
-  NSP) stay on disk.
+  NSP) stay on disk. With `tokenizer`, the checkpoint must have been
+  trained with it.
   """
   source = checkpoint_lib.Checkpointer(
     checkpoint_lib.checkpoint_dir(init_workdir), keep=0, read_only=True
@@ -629,9 +632,16 @@ def restore_backbone(
   step = source.latest_step() if step is None else step
   if step is None:
     raise FileNotFoundError(f'No checkpoint in {source.directory!r}.')
+  if tokenizer is not None:
+    meta = checkpoint_lib.read_meta(source.directory, step) or {}
+    checkpoint_lib.check_tokenizer(
+      meta.get('tokenizer'), tokenizer, f'Checkpoint {step} of {init_workdir!r}'
+    )
   names = model_lib.PRETRAINED_NAMES.get(family, {})
   renamed = {names.get(k, k): v for k, v in abstract_body.items()}
-  params = source.restore_params(step, renamed)
+  # partial: the pretraining heads' entries may stay on disk; the body's
+  # must match exactly.
+  params = source.restore_params(step, renamed, partial=True)
   source.close()
   back = {v: k for k, v in names.items()}
   return {back.get(k, k): v for k, v in params.items()}

@@ -1,0 +1,223 @@
+"""Exact resume for every objective, and restores onto smaller meshes.
+
+Training 2N steps equals training N, stopping, and training N more in a new
+process: params, optimizer state, dropout RNG and the next batch agree bit
+for bit on the (data, fsdp, tensor) = (2, 2, 2) mesh of 8 fake devices.
+The checkpoint written there also restores onto 4 devices and onto 1.
+
+Compiling dominates on CPU, so two child processes (this file run as a
+script) do the work for all objectives at once, sharing a persistent
+compilation cache: `straight` trains 2N steps, saving at N, and writes its
+final state and next batch; `resume` restores step N in a new process,
+trains N steps and writes the same; this process compares the files.
+"""
+
+import glob
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+N = 2  # steps before and after the restart
+VOCAB = 512
+# objective.name -> the config preset that trains it.
+PRESETS = {
+  'mlm': ('bert', 'size=tiny'),
+  'clm': ('gpt', 'size=tiny'),
+  'reconstruct': ('t5', 'size=tiny'),
+  'electra': ('electra', 'size=tiny'),
+  'prefix_lm': ('gpt', 'size=tiny,objective=prefix_lm'),
+  'bilm': ('bilm', 'size=tiny'),
+  'plm': ('xlnet', 'size=tiny'),
+  'span_corruption': ('t5', 'size=tiny'),
+  'ul2': ('ul2', 'size=tiny'),
+  'ul2_decoder': ('ul2', 'size=tiny,decoder'),
+  'denoising': ('bart', 'size=tiny'),
+}
+# The objective whose checkpoint is restored onto smaller meshes.
+MESH_OBJECTIVE = 'mlm'
+SMALLER_MESHES = {4: (2, 2, 1), 1: (1, 1, 1)}  # devices -> (data, fsdp, tensor)
+
+
+def tiny_config(objective: str, tokenizer_path: str):
+  """The objective's preset, one layer, rows of 32, batches of 8, 2x2x2."""
+  from pretrain_lm import configlib
+
+  name, arg = PRESETS[objective]
+  c = configlib.load_file(f'{REPO}/configs/{name}.py:{arg}')
+  c.objective.name = objective
+  if c.data.tokenizer_type != 'char':
+    c.data.tokenizer = tokenizer_path
+    c.model.vocab_size = VOCAB + 128  # room for T5's and UL2's reserved ids
+  c.model.num_layers = 1
+  c.model.num_decoder_layers = 0  # as many as the encoder
+  c.model.max_len = max(c.model.max_len, 128)
+  c.data.seq_len = 32
+  c.data.batch_size = 8
+  c.data.shuffle_buffer = 16
+  c.data.eval_batches = 1
+  c.mesh.data, c.mesh.fsdp, c.mesh.tensor = 2, 2, 2
+  c.optimizer.warmup_steps = 1
+  c.train.num_steps = 2 * N
+  c.train.progress_bar = False
+  c.checkpoint.every = N
+  c.checkpoint.async_save = False
+  return c
+
+
+def _flat(tree, prefix: str) -> dict:
+  import jax
+
+  leaves = jax.tree_util.tree_flatten_with_path(jax.device_get(tree))[0]
+  return {prefix + jax.tree_util.keystr(p): np.asarray(x) for p, x in leaves}
+
+
+def _train(trainer, state, batches, count: int):
+  """`count` steps on `batches`, as Trainer.run takes them; + the losses."""
+  from pretrain_lm import sharding
+
+  losses = []
+  with trainer.context():
+    for _ in range(count):
+      batch = sharding.host_to_global(next(batches), trainer.mesh)
+      state, metrics = trainer._p_train_step(state, batch)
+      losses.append(float(metrics['loss']))
+  return state, losses
+
+
+def _dump(path: str, state, next_batch: dict) -> None:
+  np.savez(
+    path,
+    **_flat(state, 'state'),
+    **{f'batch/{k}': v for k, v in next_batch.items()},
+  )
+
+
+def child(mode: str, root: str, tokenizer_path: str) -> None:
+  """The `straight` or `resume` half, for every objective."""
+  import jax
+
+  from pretrain_lm import sharding, train
+
+  for objective in PRESETS:
+    c = tiny_config(objective, tokenizer_path)
+    workdir = os.path.join(root, objective)
+    trainer = train.Trainer(c, workdir)
+    state = trainer.initial_state()
+    if mode == 'straight':
+      assert int(state.step) == 0, 'the straight run must start afresh'
+      batches = trainer._stage_data(0)[0]
+      state, _ = _train(trainer, state, batches, N)
+      # What Trainer.run saves at step N; the stream goes on regardless.
+      trainer.checkpointer.save(N, state, trainer.checkpoint_meta(state))
+      trainer.checkpointer.wait()
+      _dump(os.path.join(workdir, 'at_n.npz'), state, {})
+    else:
+      assert int(state.step) == N, int(state.step)
+      batches = trainer._stage_data(N)[0]  # where Trainer.run reopens it
+    state, losses = _train(trainer, state, batches, N)
+    _dump(os.path.join(workdir, f'{mode}.npz'), state, next(batches))
+    trainer.checkpointer.close()
+    if mode != 'resume' or objective != MESH_OBJECTIVE:
+      continue
+    # Step N, written on 8 devices, restored onto 4 and onto 1.
+    result = {8: losses}
+    for devices, shape in SMALLER_MESHES.items():
+      c.mesh.data, c.mesh.fsdp, c.mesh.tensor = shape
+      mesh = sharding.make_mesh(c.mesh, jax.devices()[:devices])
+      trainer = train.Trainer(c, workdir, mesh)
+      state = trainer.initial_state()
+      leaf = state.params['token_embed']['embedding']
+      assert leaf.sharding.mesh.devices.size == devices
+      _dump(os.path.join(workdir, f'restored_{devices}.npz'), state, {})
+      batches = trainer._stage_data(N)[0]
+      result[devices] = _train(trainer, state, batches, N)[1]
+      trainer.checkpointer.close()
+    with open(os.path.join(workdir, 'losses.json'), 'w') as f:
+      json.dump(result, f)
+
+
+@pytest.fixture(scope='module')
+def tokenizer_path(tmp_path_factory):
+  """One small SentencePiece model for every preset (not under test)."""
+  from pretrain_lm.data import sources
+  from pretrain_lm.data import tokenizer as tokenizer_lib
+
+  path = str(tmp_path_factory.mktemp('tok') / 'tokenizer.model')
+  c = tiny_config('mlm', '')
+  texts = sources.iter_texts(c.data, limit=2000)
+  tokenizer_lib.train_tokenizer(texts, path, vocab_size=VOCAB)
+  return path
+
+
+def run_child(mode, root, tokenizer_path, cache):
+  env = dict(
+    os.environ,  # conftest's XLA_FLAGS: the same 8 fake devices
+    JAX_PLATFORMS='cpu',
+    JAX_COMPILATION_CACHE_DIR=cache,
+    JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS='0',
+  )
+  result = subprocess.run(
+    [sys.executable, __file__, mode, root, tokenizer_path],
+    cwd=REPO,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=600,
+  )
+  assert result.returncode == 0, result.stdout + result.stderr
+
+
+def load(path):
+  with np.load(path) as f:
+    return dict(f)
+
+
+def test_resume_is_bitwise_and_restores_on_other_meshes(
+  tmp_path, tokenizer_path
+):
+  """Both halves in their processes; then the files agree bit for bit."""
+  from pretrain_lm.objectives import OBJECTIVES
+
+  assert set(PRESETS) == set(OBJECTIVES)
+  root, cache = str(tmp_path / 'runs'), str(tmp_path / 'jax_cache')
+  run_child('straight', root, tokenizer_path, cache)
+  run_child('resume', root, tokenizer_path, cache)
+
+  for objective in PRESETS:
+    workdir = os.path.join(root, objective)
+    straight = load(os.path.join(workdir, 'straight.npz'))
+    resumed = load(os.path.join(workdir, 'resume.npz'))
+    assert straight.keys() == resumed.keys(), objective
+    for key, want in straight.items():
+      np.testing.assert_array_equal(resumed[key], want, err_msg=objective + key)
+    # Every state leaf (step, params, optimizer state, RNG) and the batch.
+    assert any('opt_state' in k for k in straight), straight.keys()
+    assert any(k.startswith('batch/') for k in straight), straight.keys()
+    assert straight['state.step'] == 2 * N
+    # Resumed from step N's checkpoint, not trained from scratch.
+    assert glob.glob(os.path.join(workdir, 'checkpoints', str(N))), objective
+
+  # Restoring onto 4 devices and onto 1 gives back the values saved on 8
+  # bit for bit, and the same first loss to float32 round-off (the
+  # reductions are split differently); Adam then magnifies the round-off.
+  workdir = os.path.join(root, MESH_OBJECTIVE)
+  saved = load(os.path.join(workdir, 'at_n.npz'))
+  with open(os.path.join(workdir, 'losses.json')) as f:
+    losses = json.load(f)
+  for devices in SMALLER_MESHES:
+    restored = load(os.path.join(workdir, f'restored_{devices}.npz'))
+    assert restored.keys() == saved.keys()
+    for key, want in saved.items():
+      np.testing.assert_array_equal(restored[key], want, err_msg=key)
+    got, want = losses[str(devices)], losses['8']
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-6, atol=0)
+    np.testing.assert_allclose(got, want, rtol=1e-4)
+
+
+if __name__ == '__main__':
+  child(*sys.argv[1:4])
