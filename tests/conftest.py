@@ -31,6 +31,23 @@ def load_config(name: str, arg: str = ''):
 
 
 @pytest.fixture(scope='session')
+def tokenizer_path(tmp_path_factory):
+  """A 512-piece SentencePiece model of the bundled corpus (not under test).
+
+  Shared by the tests that train small runs, so each trains no tokenizer of
+  its own; a module may override it (train_test's has 1024 pieces).
+  """
+  from pretrain_lm.data import sources
+  from pretrain_lm.data import tokenizer as tokenizer_lib
+
+  path = str(tmp_path_factory.mktemp('tok') / 'tokenizer.model')
+  c = load_config('bert', 'size=tiny')
+  texts = sources.iter_texts(c.data, limit=2000)
+  tokenizer_lib.train_tokenizer(texts, path, vocab_size=512)
+  return path
+
+
+@pytest.fixture(scope='session')
 def tiny_workdir(tmp_path_factory):
   """A factory of small trained workdirs, one per (config, arg, steps).
 

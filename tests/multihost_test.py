@@ -20,8 +20,7 @@ from conftest import REPO, load_config
 
 import pretrain_lm
 from pretrain_lm import distributed, sharding, train
-from pretrain_lm.data import pipeline, sources
-from pretrain_lm.data import tokenizer as tokenizer_lib
+from pretrain_lm.data import pipeline
 
 BERT = os.path.join(REPO, 'configs', 'bert.py')
 STEPS = 12
@@ -147,16 +146,6 @@ def test_git_commit_from_launcher_environment(monkeypatch):
 
 
 # --- Two processes on this machine ---
-
-
-@pytest.fixture(scope='module')
-def tokenizer_path(tmp_path_factory):
-  """One tokenizer for every run (else each workdir would train its own)."""
-  path = str(tmp_path_factory.mktemp('tok') / 'tokenizer.model')
-  c = load_config('bert', 'size=tiny')
-  texts = sources.iter_texts(c.data, limit=2000)
-  tokenizer_lib.train_tokenizer(texts, path, vocab_size=512)
-  return path
 
 
 def free_port() -> int:

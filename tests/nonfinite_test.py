@@ -19,21 +19,10 @@ from conftest import REPO, load_config
 import pretrain_lm
 from pretrain_lm import checkpoint as checkpoint_lib
 from pretrain_lm import sharding, train
-from pretrain_lm.data import pipeline, sources
-from pretrain_lm.data import tokenizer as tokenizer_lib
+from pretrain_lm.data import pipeline
 
 VOCAB = 512
 LIMIT = 3  # train.max_consecutive_skips of the run test
-
-
-@pytest.fixture(scope='module')
-def tokenizer_path(tmp_path_factory):
-  """One small SentencePiece model for the runs here (not under test)."""
-  path = str(tmp_path_factory.mktemp('tok') / 'tokenizer.model')
-  c = load_config('bert', 'size=tiny')
-  texts = sources.iter_texts(c.data, limit=2000)
-  tokenizer_lib.train_tokenizer(texts, path, vocab_size=VOCAB)
-  return path
 
 
 def small_config(tokenizer_path):

@@ -19,7 +19,6 @@ import subprocess
 import sys
 
 import numpy as np
-import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 N = 2  # steps before and after the restart
@@ -139,19 +138,6 @@ def child(mode: str, root: str, tokenizer_path: str) -> None:
       trainer.checkpointer.close()
     with open(os.path.join(workdir, 'losses.json'), 'w') as f:
       json.dump(result, f)
-
-
-@pytest.fixture(scope='module')
-def tokenizer_path(tmp_path_factory):
-  """One small SentencePiece model for every preset (not under test)."""
-  from pretrain_lm.data import sources
-  from pretrain_lm.data import tokenizer as tokenizer_lib
-
-  path = str(tmp_path_factory.mktemp('tok') / 'tokenizer.model')
-  c = tiny_config('mlm', '')
-  texts = sources.iter_texts(c.data, limit=2000)
-  tokenizer_lib.train_tokenizer(texts, path, vocab_size=VOCAB)
-  return path
 
 
 def run_child(mode, root, tokenizer_path, cache):

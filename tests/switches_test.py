@@ -16,20 +16,10 @@ from conftest import load_config
 
 from pretrain_lm import sharding, train, validate
 from pretrain_lm.convert import hf
-from pretrain_lm.data import pipeline, sources
+from pretrain_lm.data import pipeline
 from pretrain_lm.data import tokenizer as tokenizer_lib
 
 VOCAB = 512
-
-
-@pytest.fixture(scope='module')
-def tokenizer_path(tmp_path_factory):
-  """One small SentencePiece model for the runs here (not under test)."""
-  path = str(tmp_path_factory.mktemp('tok') / 'tokenizer.model')
-  c = load_config('bert', 'size=tiny')
-  texts = sources.iter_texts(c.data, limit=2000)
-  tokenizer_lib.train_tokenizer(texts, path, vocab_size=VOCAB)
-  return path
 
 
 def small(name, tokenizer_path, arg='size=tiny', **overrides):
