@@ -41,9 +41,10 @@ def main(argv):
     logging.set_verbosity(logging.WARNING)
   # Bad input fails here, in seconds, before tokenizer training or compiling.
   try:
-    validate.check_config(config)
+    validate.check_fields(config)  # under a second: no TF, no files
     distributed.initialize_from_flags()  # before anything touches devices
-    validate.check_devices(config)  # the mesh against the devices there are
+    validate.check_devices(config)  # the mesh against the devices
+    validate.check_config(config)  # the rest: sources, objective, files
   except (ValueError, FileNotFoundError) as e:
     raise SystemExit(f'error: {e}') from None
 

@@ -241,3 +241,30 @@ def test_cli_typo_fails_before_any_work(tmp_path):
   assert 'Traceback' not in proc.stderr
   # No tokenizer, checkpoint or config was written.
   assert not workdir.exists() or not any(workdir.iterdir())
+
+
+def test_field_errors_come_before_tensorflow_is_imported():
+  # Importing TensorFlow takes seconds; the field checks must not wait for
+  # it, so that a bad value fails the command in about a second.
+  code = '\n'.join(
+    [
+      'import sys',
+      'from pretrain_lm import configlib, main, validate',
+      "c = configlib.load_file('configs/bert.py:size=tiny')",
+      'c.objective.mask_rate = 1.5',
+      'try:',
+      '  validate.check_config(c)',
+      'except ValueError as e:',
+      '  print(e)',
+      "print('tensorflow' in sys.modules)",
+    ]
+  )
+  out = subprocess.run(
+    [sys.executable, '-c', code],
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+    check=True,
+    timeout=120,
+  ).stdout.splitlines()
+  assert out == ['objective.mask_rate=1.5 must be in (0, 1).', 'False'], out
