@@ -632,11 +632,9 @@ class Trainer:
         flush=True,
       )
 
-  def initial_state(self) -> TrainState:
-    """Resume order: (1) the latest checkpoint in the workdir, (2) params
-    from `checkpoint.init_from`, (3) a fresh initialisation."""
+  def abstract_state(self) -> TrainState:
+    """The state's shapes, dtypes and shardings, without allocating it."""
     with self.context():
-      rng = jax.random.key(self.config.train.seed)
       abstract = jax.eval_shape(
         functools.partial(
           create_train_state,
@@ -644,14 +642,21 @@ class Trainer:
           tx=self.tx,
           shardings=self.shardings,
         ),
-        rng,
+        jax.random.key(0),
         self.batch_shapes,
       )
-      abstract = jax.tree.map(
-        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-        abstract,
-        self.shardings,
-      )
+    return jax.tree.map(
+      lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+      abstract,
+      self.shardings,
+    )
+
+  def initial_state(self) -> TrainState:
+    """Resume order: (1) the latest checkpoint in the workdir, (2) params
+    from `checkpoint.init_from`, (3) a fresh initialisation."""
+    abstract = self.abstract_state()
+    with self.context():
+      rng = jax.random.key(self.config.train.seed)
       # (1) The newest checkpoint that verifies. One that is there but does
       # not restore stops the run: never a fresh start on top of it.
       restored = self.checkpointer.restore_latest(

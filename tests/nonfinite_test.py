@@ -139,22 +139,7 @@ def test_nonfinite_step_is_skipped_and_leaves_no_trace(trainer, accum):
 
 def restore(trainer, step):
   """Checkpoint `step` of the trainer's workdir, on the host."""
-  with trainer.context():
-    abstract = jax.eval_shape(
-      functools.partial(
-        train.create_train_state,
-        model=trainer.model,
-        tx=trainer.tx,
-        shardings=trainer.shardings,
-      ),
-      jax.random.key(0),
-      trainer.batch_shapes,
-    )
-  abstract = jax.tree.map(
-    lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-    abstract,
-    trainer.shardings,
-  )
+  abstract = trainer.abstract_state()
   ckpt = checkpoint_lib.Checkpointer(
     os.path.join(trainer.workdir, checkpoint_lib.CHECKPOINT_DIR),
     keep=0,

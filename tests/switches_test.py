@@ -1,7 +1,6 @@
 """The switches for big runs: gradient accumulation, bf16 activations,
 LAMB/Adafactor, the sequence-length schedule, remat/scan in every family."""
 
-import functools
 import json
 import math
 import os
@@ -162,20 +161,6 @@ def test_grad_accum_is_checked_against_batch_and_mesh(tokenizer_path):
     train.check_grad_accum(c, mesh)
 
 
-def abstract_state(trainer):
-  """The train state's shapes and dtypes, as initial_state would build it."""
-  return jax.eval_shape(
-    functools.partial(
-      train.create_train_state,
-      model=trainer.model,
-      tx=trainer.tx,
-      shardings=trainer.shardings,
-    ),
-    jax.random.key(0),
-    trainer.batch_shapes,
-  )
-
-
 def test_bf16_activations_float32_master_weights(tokenizer_path, tmp_path):
   c = small('bert', tokenizer_path, model__dtype='bfloat16')
   trainer = make_trainer(c, str(tmp_path))
@@ -184,7 +169,7 @@ def test_bf16_activations_float32_master_weights(tokenizer_path, tmp_path):
   )
   # Shapes and dtypes only (jax.eval_shape): nothing is compiled or run.
   with trainer.context():
-    state = abstract_state(trainer)
+    state = trainer.abstract_state()
     outputs, inter = jax.eval_shape(
       lambda p, b: trainer.model.apply(
         {'params': p}, b, deterministic=True, capture_intermediates=True
@@ -217,7 +202,7 @@ def test_bf16_activations_float32_master_weights(tokenizer_path, tmp_path):
   c.model.param_dtype = 'bfloat16'
   trainer = make_trainer(c, str(tmp_path / 'bf16_params'))
   with trainer.context():
-    params = abstract_state(trainer).params
+    params = trainer.abstract_state().params
   kernel = params['encoder']['layer_0']['mlp']['wi_kernel']
   assert kernel.dtype == jnp.bfloat16
 
