@@ -104,10 +104,15 @@ class EncoderDecoderModel(nn.Module):
 
   @staticmethod
   def train_flops(cfg: ModelConfig, shapes: dict[str, tuple]) -> float:
-    """Model FLOPs of one step: both stacks and the decoder's logits."""
+    """Model FLOPs of one step: both stacks and the decoder's logits.
+
+    Each decoder layer's cross-attention projects keys and values at the
+    S encoder positions, whatever the decoder's length L.
+    """
     B, S = shapes['encoder_input_ids']
     L = shapes['decoder_input_ids'][1]
     encoder = transformer.stack_flops_per_token(cfg, cfg.num_layers, S) * S
+    encoder += transformer.kv_flops(cfg, cfg.decoder_layers) * S
     per_token = transformer.stack_flops_per_token(
       cfg, cfg.decoder_layers, L, cross_len=S
     )

@@ -228,23 +228,29 @@ class PlmModel(nn.Module):
   def train_flops(cfg: ModelConfig, shapes: dict[str, tuple]) -> float:
     """Model FLOPs of one training step (see stack_flops_per_token).
 
-    The content stream costs an encoder over L tokens. Per layer the query
-    stream adds, for each of the P targets, its query, output and MLP
-    matmuls and the score and value products over L keys. Its keys and
-    values are the content stream's (the same projection of the same
-    input), so they are counted once, although the layer projects them
-    again for g unless XLA merges the two. The MLM head runs at the P
-    targets.
+    The content stream costs an encoder over L tokens, but for its last
+    layer when nothing reads the final h (no sentence task): that layer
+    only feeds g its keys and values, and XLA drops the rest. Per layer the
+    query stream adds, for each of the P targets, its query, output and
+    MLP matmuls and the score and value products over L keys, and the
+    layer projects the L keys and values of h again for g (the same
+    projection as the content stream's, computed twice). The MLM head runs
+    at the P targets.
     """
     B, L = shapes['input_ids']
     P = shapes['masked_positions'][1] if 'masked_positions' in shapes else 0
     D, H, K, F = cfg.emb_dim, cfg.num_heads, cfg.head_dim, cfg.mlp_dim
     E = cfg.token_dim
-    content = transformer.stack_flops_per_token(cfg, cfg.num_layers, L) * L
+    content_layers = cfg.num_layers
+    if P and 'sentence_labels' not in shapes:
+      content_layers -= 1
+    content = transformer.stack_flops_per_token(cfg, content_layers, L) * L
     mlp = (3 if cfg.is_glu else 2) * D * F
-    query_per_layer = 6 * (2 * D * H * K + mlp) + 12 * L * H * K
+    query_per_layer = P * (
+      6 * (2 * D * H * K + mlp) + 12 * L * H * K
+    ) + L * transformer.kv_flops(cfg, 1)
     projection = 6 * E * D if E != D else 0
-    query = P * (cfg.num_layers * query_per_layer + projection)
+    query = cfg.num_layers * query_per_layer + P * projection
     head = 6 * (D + cfg.vocab_size) * E * P
     pooler = 6 * D**2 if cfg.pooler else 0
     return float(B * (content + query + head + pooler))

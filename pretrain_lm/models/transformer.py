@@ -308,18 +308,26 @@ def stack_flops_per_token(
   6N in all. Counted per layer: the attention and MLP projections
   (4·D·H·K + 2·D·F, or 3·D·F with a GLU), the score and value products of
   attention (2 matmuls of L·H·K per token, 6·2·L·H·K) computed over the full
-  L x L square even when causal, and, with cross-attention, its projections
-  and products over the cross_len encoder positions. The factorised
-  embedding projection adds 6·E·D. Embedding lookups, norms and softmax are
-  not matmuls and, as in the MFU convention, are left out.
+  L x L square even when causal, and, with cross-attention, its query and
+  output projections and its products over the cross_len encoder
+  positions (its key and value projections run once per encoder position:
+  see kv_flops). The factorised embedding projection adds 6·E·D.
+  Embedding lookups, norms and softmax are not matmuls and, as in the MFU
+  convention, are left out.
   """
   D, H, K, F = cfg.emb_dim, cfg.num_heads, cfg.head_dim, cfg.mlp_dim
   mlp = (3 if cfg.is_glu else 2) * D * F
   per_layer = 6 * (4 * D * H * K + mlp) + 12 * seq_len * H * K
   if cross_len:
-    per_layer += 6 * 4 * D * H * K + 12 * cross_len * H * K
+    per_layer += 6 * 2 * D * H * K + 12 * cross_len * H * K
   projection = 6 * cfg.token_dim * D if cfg.token_dim != D else 0
   return float(num_layers * per_layer + projection)
+
+
+def kv_flops(cfg: ModelConfig, num_layers: int) -> float:
+  """Training FLOPs per attended token of num_layers' key and value
+  projections alone (cross-attention's, over the encoder output)."""
+  return float(num_layers * 6 * 2 * cfg.emb_dim * cfg.num_heads * cfg.head_dim)
 
 
 def default_positions(segment_ids_BL: Array) -> Array:

@@ -1,0 +1,217 @@
+r"""Benchmarks every family against the hardware limit and a peer.
+
+  python -m pretrain_lm.bench --config=configs/bert.py:size=base [--steps=N]
+      [--what=train|pipeline|decode] [--batch_size=N] [--peer=auto|none]
+
+Runs on whatever backend JAX finds, prints a table, then one JSON line.
+
+- train: the config's train step (the one `pretrain_lm.main` runs), at the
+  first stage of data.seq_len_schedule (BERT: 128), timed after --warmup
+  steps: step_s is the median of --steps, compile_s separate. MFU is
+  model_flops_per_token x tokens_per_s / peak_tflops, with model FLOPs
+  counted as the model computes them (see pretrain_lm.models.transformer.
+  stack_flops_per_token: 6N plus attention, the MLM head at the masked
+  positions only). The peak is the datasheet's on GPU/TPU and, on CPU, the
+  best float32/bf16 matmul XLA reaches in this process (bench/peak.py).
+  For BERT-like masked LMs the peer, Hugging Face's Flax BERT, is timed on
+  the same batch (bench/peer.py).
+- pipeline: tokens/s of the training input pipeline from raw text and from
+  cached token ids, per core, and the fraction of non-pad tokens.
+- decode: a decoder's KV-cached generation against full recomputation.
+
+On CPU the train step's global batch defaults to 8 rows (a preset's 256
+would take minutes a step); --batch_size sets it on any backend.
+"""
+
+import datetime
+import json
+import os
+import platform
+import shutil
+import sys
+import tempfile
+
+os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+
+import jax  # noqa: E402
+from absl import app, flags, logging  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+from pretrain_lm import validate  # noqa: E402
+
+_CONFIG = config_flags.DEFINE_config_file(
+  'config', None, 'Config file, e.g. configs/bert.py:size=base.'
+)
+_WHAT = flags.DEFINE_enum(
+  'what', 'train', ['train', 'pipeline', 'decode'], 'What to time.'
+)
+_STEPS = flags.DEFINE_integer('steps', 10, 'Timed train steps.')
+_WARMUP = flags.DEFINE_integer('warmup', 2, 'Untimed steps after compiling.')
+_BATCH = flags.DEFINE_integer(
+  'batch_size', 0, 'Global batch (0: the config, capped at 8 on CPU).'
+)
+_PEER = flags.DEFINE_enum(
+  'peer', 'auto', ['auto', 'none'], 'Time the peer too where there is one.'
+)
+_PIPELINE_BATCHES = flags.DEFINE_integer(
+  'pipeline_batches', 100, 'Batches timed per pipeline variant.'
+)
+_DECODE_BATCHES = flags.DEFINE_list(
+  'decode_batch_sizes', ['1', '32'], 'Batch sizes for --what=decode.'
+)
+_DECODE_LENGTH = flags.DEFINE_integer(
+  'decode_length', 512, 'Tokens per decoded row, prompt included.'
+)
+_REPEATS = flags.DEFINE_integer(
+  'repeats', 2, 'Timed runs per decode measurement (median).'
+)
+_WORKDIR = flags.DEFINE_string(
+  'workdir', '', 'Where the tokenizer is trained (default: a temp dir).'
+)
+flags.mark_flags_as_required(['config'])
+
+CPU_BATCH = 8
+
+
+def describe_machine() -> dict[str, str | int]:
+  """What the figures were measured on."""
+  return {
+    'backend': jax.default_backend(),
+    'device_kind': jax.devices()[0].device_kind,
+    'devices': jax.device_count(),
+    'cpu': platform.processor() or platform.machine(),
+    'cpu_cores': len(os.sched_getaffinity(0)),
+    'jax': jax.__version__,
+    'date': datetime.date.today().isoformat(),
+  }
+
+
+def set_batch(config) -> None:
+  """Applies --batch_size, or the CPU default, to the train step's batch."""
+  if _BATCH.value:
+    config.data.batch_size = _BATCH.value
+  elif jax.default_backend() == 'cpu':
+    config.data.batch_size = min(config.data.batch_size, CPU_BATCH)
+
+
+def run_train(config, workdir: str) -> dict:
+  """Our step, its MFU, and the peer's step on the same batch."""
+  from pretrain_lm.bench import peak, peer, step  # noqa: PLC0415
+
+  result = peak.peaks(config.model.dtype)
+  ours, host_batch = step.bench_train(
+    config, workdir, steps=_STEPS.value, warmup=_WARMUP.value
+  )
+  result.update(ours)
+  result['mfu'] = result['achieved_tflops'] / result['peak_tflops']
+  if 'best_matmul_tflops' in result:
+    result['mfu_vs_best_matmul'] = (
+      result['achieved_tflops'] / result['best_matmul_tflops']
+    )
+  why_not = peer.unavailable(config) if _PEER.value == 'auto' else 'off'
+  if why_not:
+    result['peer'] = f'none ({why_not})'
+    return result
+  theirs = peer.bench_peer(
+    config, host_batch, steps=_STEPS.value, warmup=_WARMUP.value
+  )
+  result['peer'] = peer.NAME
+  result.update({f'peer_{k}': v for k, v in theirs.items()})
+  result['peer_mfu'] = theirs['achieved_tflops'] / result['peak_tflops']
+  result['speedup_vs_peer'] = result['tokens_per_s'] / theirs['tokens_per_s']
+  return result
+
+
+def run_pipeline(config, workdir: str) -> dict:
+  """Input pipeline throughput for the config's data and objective."""
+  from pretrain_lm import train  # noqa: PLC0415
+  from pretrain_lm.bench import inputs, step  # noqa: PLC0415
+
+  trainer = train.Trainer(config, workdir)
+  shapes = {k: v.shape for k, v in trainer.batch_shapes.items()}
+  tokens = step.tokens_per_row(shapes) * config.data.batch_size
+  flops = trainer.model.train_flops(trainer.model_config, shapes) / tokens
+  result = inputs.bench_pipeline(
+    config,
+    trainer.tokenizer,
+    batches=_PIPELINE_BATCHES.value,
+    model_flops_per_token=flops,
+  )
+  return result
+
+
+def run_decode(config, workdir: str) -> dict:
+  """Cached against uncached decoding for each --decode_batch_sizes."""
+  del workdir  # random weights: no tokenizer needed
+  from pretrain_lm.bench import decode  # noqa: PLC0415
+
+  return decode.bench_decode(
+    config,
+    batch_sizes=tuple(int(b) for b in _DECODE_BATCHES.value),
+    length=_DECODE_LENGTH.value,
+    repeats=_REPEATS.value,
+  )
+
+
+RUNS = {'train': run_train, 'pipeline': run_pipeline, 'decode': run_decode}
+
+
+def print_table(result: dict) -> None:
+  """One figure per line, grouped as they come; nested dicts indented."""
+
+  def fmt(v):
+    if isinstance(v, float):
+      return f'{v:.4g}'
+    return str(v)
+
+  def lines(d, indent=''):
+    for k, v in d.items():
+      if isinstance(v, dict):
+        print(f'{indent}{k}:')
+        lines(v, indent + '  ')
+      else:
+        print(f'{indent}{k:40s} {fmt(v)}')
+
+  lines(result)
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+  config = _CONFIG.value
+  if not flags.FLAGS['verbosity'].present:
+    logging.set_verbosity(logging.WARNING)
+  if _WHAT.value == 'train':
+    set_batch(config)
+  elif _BATCH.value:
+    config.data.batch_size = _BATCH.value
+  try:
+    validate.check_fields(config)
+    validate.check_devices(config)
+    if _WHAT.value != 'decode':
+      from pretrain_lm.bench import step  # noqa: PLC0415
+
+      step.first_stage(config)
+      validate.check_config(config)
+  except (ValueError, FileNotFoundError) as e:
+    raise SystemExit(f'error: {e}') from None
+  workdir = _WORKDIR.value or tempfile.mkdtemp(prefix='pretrain_lm_bench_')
+  try:
+    result = RUNS[_WHAT.value](config, workdir)
+  except ValueError as e:
+    raise SystemExit(f'error: {e}') from None
+  finally:
+    if not _WORKDIR.value:
+      shutil.rmtree(workdir, ignore_errors=True)
+  result = {
+    'what': _WHAT.value,
+    'args': ' '.join(sys.argv[1:]),
+    **describe_machine(),
+    **result,
+  }
+  print_table(result)
+  print(json.dumps(result))
+
+
+if __name__ == '__main__':
+  app.run(main)

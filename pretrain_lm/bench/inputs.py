@@ -1,0 +1,84 @@
+"""Input pipeline throughput, from raw text and from cached token ids.
+
+The pipeline is the training one (pipeline.train_dataset: read, tokenize,
+pack, shuffle, the objective's on-the-fly masking, batch), drained as fast
+as it goes with no model attached. 'Pre-tokenized' is the same pipeline
+with data.cache_tokens on and its cache filled by a first full epoch, so
+the timed batches pay for packing, shuffling and masking only.
+"""
+
+import os
+import time
+from typing import Any
+
+import ml_collections
+import numpy as np
+
+from pretrain_lm import metrics as metrics_lib
+from pretrain_lm.data import pipeline
+from pretrain_lm.data import tokenizer as tokenizer_lib
+
+
+def cores() -> int:
+  """The CPU cores this process may run on (what tf.data's threads share)."""
+  return len(os.sched_getaffinity(0))
+
+
+def drain(config, tokenizer, *, batches: int, skip: int) -> dict[str, float]:
+  """Tokens/s of `batches` batches after `skip` untimed ones."""
+  it = pipeline.train_dataset(config, tokenizer).as_numpy_iterator()
+  for _ in range(skip):
+    next(it)
+  tokens = real = 0
+  start = time.perf_counter()
+  for _ in range(batches):
+    batch = next(it)
+    tokens += batch['input_ids'].size
+    real += int(np.sum(batch['segment_ids'] != 0))
+  seconds = time.perf_counter() - start
+  return {
+    'tokens_per_s': tokens / seconds,
+    'tokens_per_s_per_core': tokens / seconds / cores(),
+    'non_pad_fraction': real / tokens,
+  }
+
+
+def bench_pipeline(
+  config: ml_collections.ConfigDict,
+  tokenizer: tokenizer_lib.Tokenizer,
+  *,
+  batches: int,
+  model_flops_per_token: float,
+) -> dict[str, Any]:
+  """Pipeline tokens/s (raw and cached ids) and the packing efficiency."""
+  batch_rows = config.data.batch_size
+  epoch_rows = pipeline.rows_per_epoch(config, tokenizer)
+  epoch_batches = max(epoch_rows // batch_rows, 1)
+  # A few batches warm tf.data's autotuner and the tokenizer up.
+  raw = drain(config, tokenizer, batches=batches, skip=2)
+  cached_config = config.copy_and_resolve_references()
+  cached_config.data.cache_tokens = True
+  # The first epoch fills the cache; the timed batches are all after it.
+  cached = drain(
+    cached_config, tokenizer, batches=batches, skip=epoch_batches + 1
+  )
+  out = {
+    'cores': cores(),
+    'batch_size': batch_rows,
+    'seq_len': config.data.seq_len,
+    'epoch_batches': epoch_batches,
+    'raw_tokens_per_s': raw['tokens_per_s'],
+    'raw_tokens_per_s_per_core': raw['tokens_per_s_per_core'],
+    'cached_tokens_per_s': cached['tokens_per_s'],
+    'cached_tokens_per_s_per_core': cached['tokens_per_s_per_core'],
+    'non_pad_fraction': raw['non_pad_fraction'],
+    'model_flops_per_token': model_flops_per_token,
+  }
+  # What one H100 would eat at the issue's 50% MFU target, from the
+  # datasheet: the pipeline must feed it from 8 host cores.
+  h100 = dict(metrics_lib.PEAK_FLOPS)['H100']
+  out['h100_tokens_per_s_at_50pct_mfu'] = 0.5 * h100 / model_flops_per_token
+  out['h100_tokens_per_s_per_8_cores_needed'] = (
+    out['h100_tokens_per_s_at_50pct_mfu'] / 8
+  )
+  return out

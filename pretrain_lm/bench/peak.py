@@ -1,0 +1,127 @@
+"""The peak FLOP/s that MFU divides by.
+
+Accelerators: the vendor's dense bf16 datasheet figure (metrics.PEAK_FLOPS).
+CPUs have no datasheet figure we can trust (clocks, vector width and core
+sharing vary), so there the peak is measured in the same process: the best
+FLOP/s of large square matmuls under XLA. NumPy's BLAS and PyTorch (when
+installed) are timed too, to show how far XLA's own matmul is from the
+best any library reaches on the machine.
+"""
+
+import statistics
+import time
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from pretrain_lm import metrics as metrics_lib
+
+# Square matmul sizes tried; the best is the peak. 1024-4096 spans the
+# shapes of base-size layers (D = 768, F = 3072, B x L = 1024 rows).
+SIZES = (1024, 2048, 4096)
+REPEATS = 5
+
+
+def call_seconds(fn: Callable[..., object], *args, repeats: int) -> list:
+  """Wall times of `repeats` calls of `fn(*args)` after one warm-up call
+  (which compiles, for jitted functions)."""
+  fn(*args)
+  times = []
+  for _ in range(repeats):
+    start = time.perf_counter()
+    fn(*args)
+    times.append(time.perf_counter() - start)
+  return times
+
+
+def median_seconds(fn: Callable[..., object], *args, repeats: int) -> float:
+  """The median of call_seconds."""
+  return statistics.median(call_seconds(fn, *args, repeats=repeats))
+
+
+def best_matmul_flops(
+  operands: Callable[[int], tuple], matmul: Callable, sizes, repeats
+) -> float:
+  """The best FLOP/s of `matmul(*operands(n))` over the n x n sizes.
+
+  The fastest call counts: a peak is what the hardware can do, and a
+  higher peak only makes the MFU it divides more conservative.
+  """
+  best = 0.0
+  for n in sizes:
+    s = min(call_seconds(matmul, *operands(n), repeats=repeats))
+    best = max(best, 2 * n**3 / s)
+  return best
+
+
+def xla_matmul_flops(dtype: str, sizes=SIZES, repeats=REPEATS) -> float:
+  """The best FLOP/s of a jitted n x n matmul on the default device."""
+  matmul = jax.jit(jnp.matmul)
+  return best_matmul_flops(
+    # Random operands: constant ones could let XLA skip work.
+    lambda n: jax.random.normal(jax.random.key(n), (2, n, n), dtype),
+    lambda a, b: matmul(a, b).block_until_ready(),
+    sizes,
+    repeats,
+  )
+
+
+def numpy_matmul_flops(dtype: str, sizes=SIZES, repeats=REPEATS) -> float:
+  """The best FLOP/s of NumPy's BLAS matmul (float32; NumPy has no bf16)."""
+  if dtype != 'float32':
+    return 0.0
+  rng = np.random.default_rng(0)
+  return best_matmul_flops(
+    lambda n: rng.standard_normal((2, n, n), np.float32),
+    np.matmul,
+    sizes,
+    repeats,
+  )
+
+
+def torch_matmul_flops(dtype: str, sizes=SIZES, repeats=REPEATS) -> float:
+  """The best FLOP/s of PyTorch's CPU matmul, or 0 if torch is missing."""
+  try:
+    import torch  # noqa: PLC0415 (optional; installed by the test extra)
+  except ImportError:
+    return 0.0
+  torch_dtype = getattr(torch, dtype)
+  return best_matmul_flops(
+    lambda n: torch.randn((2, n, n)).to(torch_dtype),
+    torch.matmul,
+    sizes,
+    repeats,
+  )
+
+
+def peaks(dtype: str) -> dict[str, float | str]:
+  """The peak for MFU (per process, all its devices) and the matmul survey.
+
+  Returns peak_tflops with its source ('datasheet' or 'xla_matmul'), and
+  on CPU the measured matmul TFLOP/s of XLA, NumPy and PyTorch and the
+  best of them.
+  """
+  datasheet = metrics_lib.peak_flops_per_device()
+  if datasheet:
+    return {
+      'peak_tflops': datasheet * jax.local_device_count() / 1e12,
+      'peak_source': 'datasheet',
+    }
+  # CPU: every local device shares the same cores, so the process's peak
+  # is what one device's matmul reaches using all of them.
+  measured = {
+    'xla': xla_matmul_flops(dtype),
+    'numpy': numpy_matmul_flops(dtype),
+    'torch': torch_matmul_flops(dtype),
+  }
+  best = max(measured, key=measured.get)
+  out = {f'{k}_matmul_tflops': v / 1e12 for k, v in measured.items()}
+  out.update(
+    peak_tflops=measured['xla'] / 1e12,
+    peak_source='xla_matmul',
+    best_matmul_tflops=measured[best] / 1e12,
+    best_matmul_library=best,
+  )
+  return out

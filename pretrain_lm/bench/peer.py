@@ -1,0 +1,184 @@
+"""The peer for the BERT rows: Hugging Face's Flax BERT, trained as its
+`run_mlm_flax.py` example does, on the very batch our step is timed on.
+
+Same shapes, vocabulary, dropout, optimizer (our optax chain) and masked
+tokens; the difference is the model code: FlaxBertForMaskedLM computes the
+MLM head's [B, L, V] logits at every position and the loss keeps the masked
+ones, where ours gathers the masked positions first.
+
+transformers dropped Flax in version 5, so the peer needs transformers 4.x.
+`make bench` installs it (with the tokenizers and huggingface-hub it pins)
+into `<venv>/peer`, a directory put on sys.path only here, so the test
+suite keeps the newer transformers it checks conversions against.
+"""
+
+import os
+import sys
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+
+from pretrain_lm import train
+from pretrain_lm.bench import step as step_lib
+from pretrain_lm.models import MODELS
+from pretrain_lm.models.config import ModelConfig
+
+PEER_DIR = os.path.join(sys.prefix, 'peer')
+# What `make bench` installs into PEER_DIR (the last releases with Flax).
+PEER_PACKAGES = (
+  'transformers==4.46.3',
+  'tokenizers==0.20.3',
+  'huggingface-hub==0.26.5',
+)
+NAME = 'hf_flax_bert'
+
+
+def unavailable(config: ml_collections.ConfigDict) -> str:
+  """Why the peer cannot run for `config` ('' when it can)."""
+  m = config.model
+  if m.family != 'encoder' or config.objective.name != 'mlm':
+    return 'the peer is a BERT masked LM (an encoder config with mlm)'
+  bert_like = (
+    m.norm_position == 'post'
+    and m.position == 'learned'
+    and m.activation in ('gelu', 'gelu_tanh', 'relu')
+    and m.embed_dim in (0, m.emb_dim)
+    and not m.share_layers
+  )
+  if not bert_like:
+    return 'the model differs from BERT (post-LN, learned positions, ...)'
+  if not os.path.isdir(os.path.join(PEER_DIR, 'transformers')):
+    return (
+      f'transformers 4.x is not installed in {PEER_DIR}: run `make bench` '
+      f'(or pip install --no-deps --target {PEER_DIR} '
+      + ' '.join(PEER_PACKAGES)
+      + ')'
+    )
+  return ''
+
+
+def _import_transformers():
+  """transformers from PEER_DIR, whatever version the venv has."""
+  if 'transformers' in sys.modules:
+    raise RuntimeError(
+      'transformers was imported before the peer could put the 4.x '
+      f'release in {PEER_DIR} first on sys.path.'
+    )
+  sys.path.insert(0, PEER_DIR)
+  import transformers  # noqa: PLC0415 (the overlay must come first)
+
+  return transformers
+
+
+def hf_config(config: ml_collections.ConfigDict, transformers):
+  """A BertConfig with the shapes and dropout of our config.model."""
+  m = config.model
+  hidden_act = {'gelu': 'gelu', 'gelu_tanh': 'gelu_new', 'relu': 'relu'}
+  return transformers.BertConfig(
+    vocab_size=m.vocab_size,
+    hidden_size=m.emb_dim,
+    num_hidden_layers=m.num_layers,
+    num_attention_heads=m.num_heads,
+    intermediate_size=m.mlp_dim,
+    hidden_act=hidden_act[m.activation],
+    hidden_dropout_prob=m.dropout_rate,
+    attention_probs_dropout_prob=m.attention_dropout_rate,
+    max_position_embeddings=m.max_len,
+    type_vocab_size=max(m.type_vocab_size, 1),
+    layer_norm_eps=m.layer_norm_eps,
+    initializer_range=m.initializer_range,
+  )
+
+
+def labels_from(batch: dict[str, np.ndarray]) -> tuple[np.ndarray, ...]:
+  """Our gathered targets as the peer's [B, L] labels and label weights."""
+  B, L = batch['input_ids'].shape
+  labels = np.zeros((B, L), np.int32)
+  weights = np.zeros((B, L), np.float32)
+  rows = np.arange(B)[:, None]
+  # Padding slots of masked_positions point at 0 with weight 0; writing
+  # real targets last keeps them when a padding slot also says 0.
+  order = np.argsort(batch['masked_weights'], axis=1, kind='stable')
+  pos = np.take_along_axis(batch['masked_positions'], order, axis=1)
+  labels[rows, pos] = np.take_along_axis(batch['masked_ids'], order, axis=1)
+  weights[rows, pos] = np.take_along_axis(
+    batch['masked_weights'], order, axis=1
+  )
+  return labels, weights
+
+
+def bench_peer(
+  config: ml_collections.ConfigDict,
+  host_batch: dict[str, np.ndarray],
+  *,
+  steps: int,
+  warmup: int,
+) -> dict[str, Any]:
+  """Times the peer's train step on `host_batch` (one device, no mesh)."""
+  transformers = _import_transformers()
+  model = transformers.FlaxBertForMaskedLM(
+    hf_config(config, transformers), seed=config.train.seed
+  )
+  tx, _ = train.make_optimizer(config.optimizer, config.train.num_steps)
+  labels, weights = labels_from(host_batch)
+  batch = {
+    'input_ids': host_batch['input_ids'],
+    'attention_mask': host_batch['input_mask'],
+    'token_type_ids': host_batch['token_type_ids'],
+    'position_ids': host_batch['positions'],
+    'labels': labels,
+    'weights': weights,
+  }
+  batch = jax.device_put(batch)
+
+  def loss_fn(params, batch, rng):
+    logits_BLV = model(
+      batch['input_ids'],
+      attention_mask=batch['attention_mask'],
+      token_type_ids=batch['token_type_ids'],
+      position_ids=batch['position_ids'],
+      params=params,
+      dropout_rng=rng,
+      train=True,
+    ).logits
+    loss_BL = optax.softmax_cross_entropy_with_integer_labels(
+      logits_BLV, batch['labels']
+    )
+    w = batch['weights']
+    return jnp.sum(loss_BL * w) / jnp.sum(w)
+
+  def train_step(state, batch):
+    params, opt_state, rng = state
+    rng, dropout_rng = jax.random.split(rng)
+    loss, grads = jax.value_and_grad(loss_fn)(params, batch, dropout_rng)
+    updates, opt_state = tx.update(grads, opt_state, params)
+    params = optax.apply_updates(params, updates)
+    return (params, opt_state, rng), {'loss': loss}
+
+  params = model.params
+  state = (params, tx.init(params), jax.random.key(config.train.seed))
+  step = jax.jit(train_step, donate_argnums=0)
+  start = time.perf_counter()
+  compiled = step.lower(state, batch).compile()
+  compile_s = time.perf_counter() - start
+  _, metrics, times = step_lib.time_steps(
+    compiled, state, batch, steps=steps, warmup=warmup
+  )
+  B, L = host_batch['input_ids'].shape
+  # The peer's model FLOPs: the same body, the head at all L positions.
+  shapes = {k: v.shape for k, v in host_batch.items()}
+  shapes['masked_positions'] = (B, L)
+  cfg = ModelConfig.from_config(config.model)
+  flops = MODELS['encoder'].train_flops(cfg, shapes)
+  return {
+    'compile_s': compile_s,
+    **step_lib.step_figures(times, B * L, flops),
+    'xla_flops_per_token': step_lib.xla_flops(compiled) / (B * L),
+    'loss': float(metrics['loss']),
+    'params': sum(x.size for x in jax.tree.leaves(params)),
+  }
