@@ -393,6 +393,23 @@ def test_restart_reproduces_the_stream(corpus, fresh_stream):
     _assert_same_batches(got, stream[start : start + 4])
 
 
+def test_cached_tokens_give_the_same_stream(corpus, fresh_stream):
+  # data.cache_tokens keeps epoch 0's token ids for later epochs: the
+  # batches (order, packing, masks) must not change, across epochs and
+  # after a restart past the first epoch.
+  stream, rows_per_epoch = fresh_stream
+  got = _batches(_config(corpus, cache_tokens=True), corpus, len(stream))
+  _assert_same_batches(got, stream)
+  start = rows_per_epoch // BATCH + 2
+  got = _batches(
+    _config(corpus, cache_tokens=True), corpus, 4, start_batch=start
+  )
+  _assert_same_batches(got, stream[start : start + 4])
+  assert pipeline.rows_per_epoch(_config(corpus), corpus['tokenizer']) == (
+    rows_per_epoch
+  )
+
+
 def test_restart_reproduces_next_sentence_pairs(corpus):
   # NSP takes each row's random B from its neighbour in the host batch:
   # restarts (at the epoch boundary and past it) must pair rows the same.

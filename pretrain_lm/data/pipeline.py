@@ -314,14 +314,35 @@ def _rows(
     process_index=process_index,
     process_count=process_count,
   )
+  tokens = tokenize(docs, tokenizer)
+  if config.data.cache_tokens:
+    tokens = tokens.cache()
   return pack(
-    tokenize(docs, tokenizer),
+    tokens,
     row_len=row_length(config),
     packing=config.data.packing,
     cls_id=tokenizer.cls_id,
     sep_id=tokenizer.sep_id,
     pad_id=tokenizer.pad_id,
   )
+
+
+def rows_per_epoch(
+  config: ml_collections.ConfigDict,
+  tokenizer: tokenizer_lib.Tokenizer,
+  *,
+  process_index: int = 0,
+  process_count: int = 1,
+) -> int:
+  """How many packed training rows one epoch gives this host (reads it all)."""
+  rows = _rows(
+    config,
+    tokenizer,
+    split='train',
+    process_index=process_index,
+    process_count=process_count,
+  )
+  return _count(rows)
 
 
 def skipped_input(config: ml_collections.ConfigDict) -> dict[str, int]:
