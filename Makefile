@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 # Quiet TensorFlow's C++ start-up banner.
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 
-.PHONY: quickstart test test-all lint format clean
+.PHONY: quickstart test test-all bench lint format clean
 
 # The venv is rebuilt whenever the package metadata changes.
 $(VENV)/.installed: setup.cfg pyproject.toml
@@ -15,16 +15,33 @@ $(VENV)/.installed: setup.cfg pyproject.toml
 	$(PY) -m pip install --quiet -e ".[test]"
 	touch $@
 
+# The benchmarks' peer (pretrain_lm/bench/peer.py) needs transformers 4.x,
+# the last with Flax: it goes into its own directory, outside site-packages.
+$(VENV)/peer/.installed: $(VENV)/.installed pretrain_lm/bench/__init__.py
+	rm -rf $(VENV)/peer
+	$(PY) -m pip install --quiet --no-deps --target $(VENV)/peer \
+	    $$($(PY) -c 'import pretrain_lm.bench as b; print(*b.PEER_PACKAGES)')
+	touch $@
+
 quickstart: $(VENV)/.installed
 	$(PY) -m pretrain_lm.main --config=configs/bert.py:size=tiny --workdir=workdirs/quickstart
 
 # Two workers: the suite is mostly XLA compiles, which use one core each.
-test: $(VENV)/.installed
+test: $(VENV)/.installed $(VENV)/peer/.installed
 	$(PY) -m pytest -q -n 2
 
 # Includes tests marked `slow`.
-test-all: $(VENV)/.installed
+test-all: $(VENV)/.installed $(VENV)/peer/.installed
 	$(PY) -m pytest -q -n 2 -m ''
+
+# The default benchmarks (a few minutes on a laptop CPU): BERT-small's train
+# step against the peer, its input pipeline, and GPT-2 small's decoding.
+# Result tables and commands for every model: experiments/benchmarks.
+BENCH := $(PY) -m pretrain_lm.bench
+bench: $(VENV)/.installed $(VENV)/peer/.installed
+	$(BENCH) --config=configs/bert.py:size=small
+	$(BENCH) --config=configs/bert.py:size=small --what=pipeline
+	$(BENCH) --config=configs/gpt.py:size=small --what=decode
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check pretrain_lm configs tests

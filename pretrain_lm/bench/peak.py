@@ -8,7 +8,6 @@ installed) are timed too, to show how far XLA's own matmul is from the
 best any library reaches on the machine.
 """
 
-import statistics
 import time
 from collections.abc import Callable
 
@@ -24,21 +23,18 @@ SIZES = (1024, 2048, 4096)
 REPEATS = 5
 
 
-def call_seconds(fn: Callable[..., object], *args, repeats: int) -> list:
-  """Wall times of `repeats` calls of `fn(*args)` after one warm-up call
-  (which compiles, for jitted functions)."""
-  fn(*args)
+def call_seconds(
+  fn: Callable[..., object], *args, repeats: int, warmup: int = 1
+) -> list[float]:
+  """Wall times of `repeats` calls of `fn(*args)`, each waited for, after
+  `warmup` untimed ones (the first compiles a jitted function)."""
   times = []
-  for _ in range(repeats):
+  for i in range(warmup + repeats):
     start = time.perf_counter()
-    fn(*args)
-    times.append(time.perf_counter() - start)
+    jax.block_until_ready(fn(*args))
+    if i >= warmup:
+      times.append(time.perf_counter() - start)
   return times
-
-
-def median_seconds(fn: Callable[..., object], *args, repeats: int) -> float:
-  """The median of call_seconds."""
-  return statistics.median(call_seconds(fn, *args, repeats=repeats))
 
 
 def best_matmul_flops(
@@ -62,7 +58,7 @@ def xla_matmul_flops(dtype: str, sizes=SIZES, repeats=REPEATS) -> float:
   return best_matmul_flops(
     # Random operands: constant ones could let XLA skip work.
     lambda n: jax.random.normal(jax.random.key(n), (2, n, n), dtype),
-    lambda a, b: matmul(a, b).block_until_ready(),
+    matmul,
     sizes,
     repeats,
   )

@@ -6,10 +6,10 @@ tokens; the difference is the model code: FlaxBertForMaskedLM computes the
 MLM head's [B, L, V] logits at every position and the loss keeps the masked
 ones, where ours gathers the masked positions first.
 
-transformers dropped Flax in version 5, so the peer needs transformers 4.x.
-`make bench` installs it (with the tokenizers and huggingface-hub it pins)
-into `<venv>/peer`, a directory put on sys.path only here, so the test
-suite keeps the newer transformers it checks conversions against.
+transformers dropped Flax in version 5: `make test` and `make bench`
+install the 4.x release (bench.PEER_PACKAGES) into `<venv>/peer`, a
+directory put on sys.path only here, so the rest of the code and the tests
+keep the newer transformers the conversions are checked against.
 """
 
 import os
@@ -23,18 +23,12 @@ import ml_collections
 import numpy as np
 import optax
 
-from pretrain_lm import train
+from pretrain_lm import bench, train
 from pretrain_lm.bench import step as step_lib
 from pretrain_lm.models import MODELS
 from pretrain_lm.models.config import ModelConfig
 
 PEER_DIR = os.path.join(sys.prefix, 'peer')
-# What `make bench` installs into PEER_DIR (the last releases with Flax).
-PEER_PACKAGES = (
-  'transformers==4.46.3',
-  'tokenizers==0.20.3',
-  'huggingface-hub==0.26.5',
-)
 NAME = 'hf_flax_bert'
 
 
@@ -56,7 +50,7 @@ def unavailable(config: ml_collections.ConfigDict) -> str:
     return (
       f'transformers 4.x is not installed in {PEER_DIR}: run `make bench` '
       f'(or pip install --no-deps --target {PEER_DIR} '
-      + ' '.join(PEER_PACKAGES)
+      + ' '.join(bench.PEER_PACKAGES)
       + ')'
     )
   return ''

@@ -1,0 +1,183 @@
+"""The benchmark suite: model FLOPs against XLA, the CLI, the peer's inputs."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+from conftest import REPO, load_config
+
+from pretrain_lm import sharding, train
+from pretrain_lm.bench import peer, step
+from pretrain_lm.convert import hf
+from pretrain_lm.data import tokenizer as tokenizer_lib
+from pretrain_lm.models import MODELS
+from pretrain_lm.models.config import ModelConfig
+
+# One config per model family (and both encoder-decoders). ALBERT's shared
+# layer is a scan, whose body XLA's cost analysis counts once: one layer.
+FAMILIES = {
+  'bert': ('bert', {}),
+  'gpt': ('gpt', {}),
+  't5': ('t5', {}),
+  'bart': ('bart', {}),
+  'electra': ('electra', {}),
+  'xlnet': ('xlnet', {}),
+  'bilm': ('bilm', {}),
+  'albert': ('albert', {'num_layers': 1}),
+}
+# Wide enough that norms, activations, dropout and the optimizer (which
+# model FLOPs leave out by convention) are a few percent of the total.
+WIDTH = {'emb_dim': 256, 'num_heads': 4, 'head_dim': 64, 'mlp_dim': 1024}
+
+
+def dot_general_flops(lowered: jax.stages.Lowered) -> float:
+  """2 x output size x contracted size, summed over the StableHLO dots."""
+  total = 0
+  for line in lowered.as_text().splitlines():
+    if 'stablehlo.dot_general' not in line:
+      continue
+    lhs, _, out = (
+      [int(d) for d in t.split('x')[:-1]]
+      for t in re.findall(r'tensor<([0-9x]+x[a-z0-9]+)>', line)[-3:]
+    )
+    contracting = re.search(r'contracting_dims = \[([0-9, ]*)\] x', line)
+    k = np.prod([lhs[int(i)] for i in contracting.group(1).split(',')])
+    total += 2 * int(np.prod(out)) * int(k)
+  return float(total)
+
+
+@pytest.fixture(scope='module')
+def tokenizer(tokenizer_path):
+  return tokenizer_lib.load_tokenizer(tokenizer_path)
+
+
+@pytest.mark.parametrize('family', FAMILIES)
+def test_model_flops_are_the_compiled_steps_flops(family, tokenizer):
+  name, overrides = FAMILIES[family]
+  c = load_config(name, 'size=tiny')
+  c.model.update(WIDTH, **overrides)
+  c.model.vocab_size = 1024
+  c.data.batch_size, c.data.seq_len = 2, 64
+  c.mesh.data = 1
+  shapes = {
+    k: jax.ShapeDtypeStruct((c.data.batch_size, *s), np.dtype(d))
+    for k, (s, d) in hf.batch_spec(c, tokenizer).items()
+  }
+  mesh = sharding.make_mesh(c.mesh, jax.devices()[:1])
+  lowered = train.lower_train_step(c, mesh, shapes)
+  model_flops = MODELS[c.model.family].train_flops(
+    ModelConfig.from_config(c.model), {k: v.shape for k, v in shapes.items()}
+  )
+  # Exactly the matmuls the step traces, forward and backward ...
+  assert dot_general_flops(lowered) == pytest.approx(model_flops, rel=1e-3)
+  # ... and within 10% of all XLA counts after optimising (the rest is
+  # element-wise work: norms, activations, dropout masks, Adam).
+  xla = step.xla_flops(lowered.compile())
+  assert model_flops <= xla <= 1.10 * model_flops
+
+
+def test_peer_labels_put_the_masked_ids_at_their_positions():
+  batch = {
+    'input_ids': np.zeros((2, 6), np.int32),
+    # Row 0: two targets and a padding slot pointing at position 0, which
+    # is also a real target in row 1.
+    'masked_positions': np.array([[3, 1, 0], [0, 5, 0]], np.int32),
+    'masked_ids': np.array([[30, 10, 0], [7, 50, 0]], np.int32),
+    'masked_weights': np.array([[1, 1, 0], [1, 1, 0]], np.float32),
+  }
+  labels, weights = peer.labels_from(batch)
+  np.testing.assert_array_equal(
+    labels, [[0, 10, 0, 30, 0, 0], [7, 0, 0, 0, 0, 50]]
+  )
+  np.testing.assert_array_equal(
+    weights, [[0, 1, 0, 1, 0, 0], [1, 0, 0, 0, 0, 1]]
+  )
+
+
+def test_peer_is_offered_only_for_bert_masked_lms():
+  assert 'encoder config with mlm' in peer.unavailable(load_config('gpt'))
+  assert 'differs from BERT' in peer.unavailable(load_config('albert'))
+  bert = peer.unavailable(load_config('bert', 'size=base'))
+  assert bert == '' or 'make bench' in bert
+
+
+def run_bench(*args: str) -> dict:
+  """`python -m pretrain_lm.bench ARGS` on one CPU device: its JSON line."""
+  env = dict(os.environ, XLA_FLAGS='', JAX_PLATFORMS='cpu')
+  out = subprocess.run(
+    [sys.executable, '-m', 'pretrain_lm.bench', *args],
+    cwd=REPO,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=600,
+  )
+  assert out.returncode == 0, out.stderr[-3000:]
+  last = out.stdout.strip().splitlines()[-1]
+  return json.loads(last)
+
+
+def test_bench_train_reports_mfu_against_the_measured_peak():
+  r = run_bench(
+    '--config=configs/bert.py:size=tiny',
+    '--config.model.vocab_size=1024',
+    '--config.data.tokenizer_max_docs=500',
+    '--steps=2',
+    '--warmup=1',
+  )
+  assert (r['what'], r['backend'], r['batch_size'], r['seq_len']) == (
+    'train',
+    'cpu',
+    8,
+    128,
+  )
+  assert r['tokens_per_s'] == pytest.approx(
+    r['tokens_per_step'] / r['step_s'], rel=1e-6
+  )
+  assert r['achieved_tflops'] == pytest.approx(
+    r['tokens_per_s'] * r['model_flops_per_token'] / 1e12, rel=1e-6
+  )
+  assert r['peak_source'] == 'xla_matmul'
+  assert r['mfu'] == pytest.approx(r['achieved_tflops'] / r['peak_tflops'])
+  assert 0 < r['mfu'] < 1.5 and r['compile_s'] > 0
+  assert r['best_matmul_tflops'] >= r['xla_matmul_tflops'] > 0
+  if r['peer'] == peer.NAME:  # installed by `make test` / `make bench`
+    # The peer's head runs at all 128 positions, ours at the masked 20.
+    assert r['peer_model_flops_per_token'] > r['model_flops_per_token']
+    assert r['speedup_vs_peer'] > 0
+    # Both start from BERT's initialisation: loss near ln(vocab).
+    assert abs(r['peer_loss'] - r['loss']) < 0.5
+
+
+def test_bench_pipeline_and_decode():
+  r = run_bench(
+    '--config=configs/bert.py:size=tiny',
+    '--what=pipeline',
+    '--pipeline_batches=5',
+  )
+  assert r['raw_tokens_per_s'] > 0 and r['cached_tokens_per_s'] > 0
+  assert r['raw_tokens_per_s_per_core'] * r['cores'] == pytest.approx(
+    r['raw_tokens_per_s']
+  )
+  # Documents back to back: only the epoch's last row has padding.
+  assert r['non_pad_fraction'] > 0.95
+  r = run_bench(
+    '--config=configs/gpt.py:size=tiny',
+    '--what=decode',
+    '--decode_length=32',
+    '--decode_batch_sizes=1,4',
+    '--repeats=1',
+  )
+  for b in ('batch1', 'batch4'):
+    d = r[b]
+    assert d['cached_tokens_per_s'] == pytest.approx(
+      int(b[5:]) / d['cached_s_per_step']
+    )
+    assert d['cache_speedup'] == pytest.approx(
+      d['full_forward_s'] / d['cached_s_per_step']
+    )
