@@ -42,7 +42,8 @@ def get_config(arg=None):
 
   c.data.seq_len = 128 if arg.size == 'small' else 512
   c.data.batch_size = {'small': 128, 'base': 256}.get(arg.size, 2048)
-  c.data.packing = 'doc_sentences'
+  # Documents back to back, masked from each other (see configs/bert.py).
+  c.data.packing = 'full_sentences'
 
   c.optimizer.learning_rate = {'small': 5e-4, 'base': 2e-4}.get(arg.size, 2e-4)
   c.optimizer.warmup_steps = 10_000
