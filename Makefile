@@ -41,7 +41,7 @@ BENCH := $(PY) -m pretrain_lm.bench
 bench: $(VENV)/.installed $(VENV)/peer/.installed
 	$(BENCH) --config=configs/bert.py:size=small
 	$(BENCH) --config=configs/bert.py:size=small --what=pipeline
-	$(BENCH) --config=configs/gpt.py:size=small --what=decode
+	$(BENCH) --config=configs/gpt.py:size=small --what=decode --repeats=1
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check pretrain_lm configs tests

@@ -82,6 +82,7 @@ def describe_machine() -> dict[str, str | int]:
     'cpu': platform.processor() or platform.machine(),
     'cpu_cores': len(os.sched_getaffinity(0)),
     'jax': jax.__version__,
+    'prng_impl': jax.config.jax_default_prng_impl,
     'date': datetime.date.today().isoformat(),
   }
 

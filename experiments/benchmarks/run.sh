@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Every CPU row of experiments/benchmarks/README.md, one JSON line each in
+# $OUT (default experiments/benchmarks/cpu.jsonl); `python
+# experiments/benchmarks/table.py $OUT` prints the tables. About 25 minutes
+# on a 2-core CPU; run it on an otherwise idle machine.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+PY=${PY:-.venv/bin/python}
+OUT=${OUT:-experiments/benchmarks/cpu.jsonl}
+bench() { "$PY" -m pretrain_lm.bench "$@" | tail -n 1 >> "$OUT"; }
+
+# Train steps: BERT at three sizes against the peer (the tiny rows keep
+# BERT's 30,522-piece vocabulary, as Turc et al.'s compact BERTs do).
+bench --config=configs/bert.py:size=base --batch_size=32 --steps=5
+bench --config=configs/bert.py:size=small --batch_size=32
+bench --config=configs/bert.py:size=tiny --config.model.vocab_size=30522 --batch_size=32
+# The other families at their presets' shapes, a CPU-sized batch.
+bench --config=configs/gpt.py:size=small --batch_size=4 --steps=5
+bench --config=configs/t5.py:size=base --batch_size=8 --steps=5
+bench --config=configs/bart.py:size=base --batch_size=8 --steps=5
+bench --config=configs/electra.py:size=small --batch_size=32
+# Levers, each against the baseline just before it (BERT-base, batch 16).
+lever() { bench --config=configs/bert.py:size=base --batch_size=16 --steps=3 \
+    --peer=none "$@"; }
+lever
+JAX_DEFAULT_PRNG_IMPL=unsafe_rbg lever
+lever --config.model.dtype=bfloat16
+lever --config.model.attention_dropout_rate=0.0
+lever --config.model.attention_dropout_rate=0.0 --config.model.attention_impl=xla
+# Compile time with the layers scanned (the rows above are unrolled).
+for c in bert.py:size=base gpt.py:size=small t5.py:size=base; do
+  bench --config=configs/$c --config.model.scan_layers=True --batch_size=4 \
+      --steps=2 --warmup=1 --peer=none
+done
+# Input pipelines (raw text, cached ids) and packing.
+for c in bert.py:size=base gpt.py:size=small t5.py:size=base; do
+  bench --config=configs/$c --what=pipeline
+done
+# KV-cached decoding against full recomputation at length 512.
+bench --config=configs/gpt.py:size=small --what=decode --repeats=1

@@ -1,0 +1,124 @@
+"""Markdown tables from `python -m pretrain_lm.bench` JSON lines.
+
+python experiments/benchmarks/table.py experiments/benchmarks/cpu.jsonl
+"""
+
+import json
+import re
+import sys
+
+
+def name(r: dict) -> str:
+  """'bert.py:size=base' from the run's arguments."""
+  m = re.search(r'--config=configs/(\S+)', r['args'])
+  return m.group(1) if m else r['args']
+
+
+def overrides(r: dict) -> str:
+  """The run's --config.* overrides, and a PRNG other than the default."""
+  args = [a for a in r['args'].split() if a.startswith('--config.')]
+  if r.get('prng_impl', 'threefry2x32') != 'threefry2x32':
+    args.append(f'JAX_DEFAULT_PRNG_IMPL={r["prng_impl"]}')
+  return ' '.join(args)
+
+
+def train_tables(rows: list[dict]) -> None:
+  unrolled = [r for r in rows if 'scan_layers=True' not in r['args']]
+  print(
+    '| model | batch x length | step s (median) | tokens/s | model '
+    'GFLOP/token | TFLOP/s | MFU (XLA matmul peak) | MFU (best matmul) '
+    '| compile s | peer tokens/s | vs peer |'
+  )
+  print('|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|')
+  for r in unrolled:
+    peer = r.get('peer_tokens_per_s')
+    peer_s = f'{peer:,.0f}' if peer else '-'
+    vs = f'{r["speedup_vs_peer"]:.2f}x' if peer else '-'
+    print(
+      f'| {name(r)} {overrides(r)} | {r["batch_size"]} x {r["seq_len"]} '
+      f'| {r["step_s"]:.3f} | {r["tokens_per_s"]:,.0f} '
+      f'| {r["model_flops_per_token"] / 1e9:.3f} '
+      f'| {r["achieved_tflops"]:.3f} | {r["mfu"]:.0%} '
+      f'| {r.get("mfu_vs_best_matmul", r["mfu"]):.0%} '
+      f'| {r["compile_s"]:.1f} '
+      f'| {peer_s} | {vs} |'
+    )
+  print()
+  print(
+    '| peak measured in the run of | XLA matmul TFLOP/s | NumPy | PyTorch |'
+  )
+  print('|---|---:|---:|---:|')
+  for r in unrolled:
+    print(
+      f'| {name(r)} | {r["xla_matmul_tflops"]:.3f} '
+      f'| {r["numpy_matmul_tflops"]:.3f} | {r["torch_matmul_tflops"]:.3f} |'
+    )
+  scanned = [r for r in rows if 'scan_layers=True' in r['args']]
+  if scanned:
+    print()
+    print('| model | compile s, layers unrolled | compile s, scanned |')
+    print('|---|---:|---:|')
+    for r in scanned:
+      same = [u for u in unrolled if name(u) == name(r)]
+      before = f'{same[0]["compile_s"]:.1f}' if same else '-'
+      print(f'| {name(r)} | {before} | {r["compile_s"]:.1f} |')
+
+
+def pipeline_table(rows: list[dict], train_rows: list[dict]) -> None:
+  print(
+    '| pipeline | batch x length | raw text tokens/s per core | cached ids '
+    'tokens/s per core | non-pad tokens | train step eats (tokens/s) '
+    '| pipeline / train step | one H100 at 50% MFU needs, per 8 cores |'
+  )
+  print('|---|---|---:|---:|---:|---:|---:|---:|')
+  for r in rows:
+    eats = [t['tokens_per_s'] for t in train_rows if name(t) == name(r)]
+    ratio = f'{r["raw_tokens_per_s"] / eats[0]:,.0f}x' if eats else '-'
+    eats_s = f'{eats[0]:,.0f}' if eats else '-'
+    print(
+      f'| {name(r)} | {r["batch_size"]} x {r["seq_len"]} '
+      f'| {r["raw_tokens_per_s_per_core"]:,.0f} '
+      f'| {r["cached_tokens_per_s_per_core"]:,.0f} '
+      f'| {r["non_pad_fraction"]:.2%} '
+      f'| {eats_s} | {ratio} '
+      f'| {r["h100_tokens_per_s_per_8_cores_needed"]:,.0f} |'
+    )
+
+
+def decode_table(rows: list[dict]) -> None:
+  print(
+    '| model | length | batch | cached tokens/s | cached s/token step '
+    '| full forward s | cache speedup |'
+  )
+  print('|---|---:|---:|---:|---:|---:|---:|')
+  for r in rows:
+    for key, d in r.items():
+      if key.startswith('batch') and isinstance(d, dict):
+        print(
+          f'| {name(r)} | {r["length"]} | {key[5:]} '
+          f'| {d["cached_tokens_per_s"]:,.1f} | {d["cached_s_per_step"]:.4f} '
+          f'| {d["full_forward_s"]:.3f} | {d["cache_speedup"]:.1f}x |'
+        )
+
+
+def main(path: str) -> None:
+  with open(path) as f:
+    rows = [json.loads(line) for line in f if line.startswith('{')]
+  by = {
+    w: [r for r in rows if r['what'] == w]
+    for w in ('train', 'pipeline', 'decode')
+  }
+  r0 = rows[0]
+  print(
+    f'Machine: {r0["cpu"]}, {r0["cpu_cores"]} cores, backend '
+    f'{r0["backend"]}, jax {r0["jax"]}, {r0["date"]}.\n'
+  )
+  train_tables(by['train'])
+  print()
+  pipeline_table(by['pipeline'], by['train'])
+  print()
+  decode_table(by['decode'])
+
+
+if __name__ == '__main__':
+  main(sys.argv[1])
