@@ -106,6 +106,10 @@ def base_config() -> ml_collections.ConfigDict:
   # einsum (ours, any backend, attention dropout), or jax.nn's fused
   # dot_product_attention: xla | cudnn (GPU, bf16) | auto.
   c.model.attention_impl = 'einsum'
+  # Decoders and encoder-decoders in training: > 0 computes the vocabulary
+  # projection and cross-entropy this many positions at a time, so the
+  # [B, L, V] logits never exist at once (heads.chunked_target_xent).
+  c.model.logits_chunk = 0
   c.model.dtype = 'float32'  # activations; 'bfloat16' on accelerators
   c.model.param_dtype = 'float32'
 

@@ -50,6 +50,7 @@ _RANGES = (
   ('objective.rotate_rate', 0, 1, '[]'),
   ('objective.delete_rate', 0, 1, '[]'),
   ('objective.token_mask_rate', 0, 1, '[]'),
+  ('model.logits_chunk', 0, math.inf, '[)'),
   ('optimizer.learning_rate', 0, math.inf, '[)'),
   ('optimizer.final_learning_rate', 0, math.inf, '[)'),
   ('optimizer.b1', 0, 1, '[)'),

@@ -478,3 +478,56 @@ def test_electra_discriminator_sees_generator_samples_without_gradient():
     chosen[b, positions[b][weights[b] > 0]] = 1
   assert np.all(labels[chosen == 0] == 0) and labels.sum() > 0
   assert params['generator']['layer_0']['mlp']['wi_kernel'].shape == (64, 256)
+
+
+@pytest.mark.parametrize('family', ['decoder', 'encoder_decoder'])
+def test_chunked_logits_give_the_full_logits_loss_and_gradient(family):
+  # model.logits_chunk computes the vocabulary projection and cross-entropy
+  # 6 positions at a time (20 is not a multiple: the last chunk is padded);
+  # the loss, accuracy, parameters and gradients must be the full ones.
+  from pretrain_lm.objectives import clm
+
+  rng = np.random.default_rng(0)
+  B, L = 3, 20
+  batch = {
+    'target_ids': rng.integers(0, V, (B, L)).astype(np.int32),
+    'target_weights': (rng.random((B, L)) > 0.2).astype(np.float32),
+  }
+  if family == 'decoder':
+    batch['input_ids'] = rng.integers(0, V, (B, L)).astype(np.int32)
+  else:
+    batch['encoder_input_ids'] = rng.integers(1, V, (B, 12)).astype(np.int32)
+    batch['decoder_input_ids'] = rng.integers(0, V, (B, L)).astype(np.int32)
+  results = []
+  for chunk in (0, 6):
+    cfg = ModelConfig(
+      family=family,
+      vocab_size=V,
+      num_layers=2,
+      emb_dim=32,
+      num_heads=2,
+      head_dim=16,
+      mlp_dim=64,
+      max_len=64,
+      # Untied for the encoder-decoder: its own logits kernel, inside the
+      # scanned chunks, must be the same parameter.
+      tie_embeddings=family == 'decoder',
+      logits_chunk=chunk,
+    )
+    model = MODELS[family](cfg)
+    params = nn.meta.unbox(
+      model.init(jax.random.key(0), batch, deterministic=True)
+    )['params']
+
+    def loss(p, model=model, chunk=chunk):
+      outputs = model.apply({'params': p}, batch, deterministic=True)
+      assert ('logits' in outputs) == (chunk == 0)
+      return clm.loss(outputs, batch)
+
+    results.append((params, *jax.value_and_grad(loss, has_aux=True)(params)))
+  (p0, (l0, m0), g0), (p1, (l1, m1), g1) = results
+  assert jax.tree.structure(p0) == jax.tree.structure(p1)
+  np.testing.assert_allclose(l1, l0, rtol=1e-6)
+  np.testing.assert_allclose(m1['accuracy'], m0['accuracy'])
+  for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g0), strict=True):
+    np.testing.assert_allclose(a, b, atol=1e-6)

@@ -61,6 +61,21 @@ def xla_flops(compiled: jax.stages.Compiled) -> float:
   return float(cost.get('flops', 0.0)) if cost else 0.0
 
 
+def peak_memory_gib(compiled: jax.stages.Compiled) -> float:
+  """Device memory the step needs per device: state, batch and temporaries
+  (donated buffers, both argument and output, counted once)."""
+  m = compiled.memory_analysis()
+  if m is None:  # not every backend reports it
+    return 0.0
+  total = (
+    m.argument_size_in_bytes
+    + m.output_size_in_bytes
+    - m.alias_size_in_bytes
+    + m.temp_size_in_bytes
+  )
+  return total / 2**30
+
+
 def pad_fraction(batch: dict[str, np.ndarray]) -> float:
   """The fraction of [PAD] positions in a host batch (0 if unknown)."""
   for key in ('segment_ids', 'encoder_segment_ids'):
@@ -110,6 +125,7 @@ def bench_train(
     'compile_s': compile_s,
     **step_figures(times, tokens, flops),
     'xla_flops_per_token': xla_flops(compiled) / tokens,
+    'memory_gib': peak_memory_gib(compiled),
     'pad_fraction': pad_fraction(host_batch),
     'loss': float(metrics['loss']),
   }

@@ -67,6 +67,7 @@ class ModelConfig:
   scan_layers: bool = False
   remat: str = 'none'
   attention_impl: str = 'einsum'
+  logits_chunk: int = 0
   dtype: str = 'float32'
   param_dtype: str = 'float32'
 

@@ -86,6 +86,8 @@ class EncoderDecoderModel(nn.Module):
       encoder_segment_ids_BS=encoder_segment_ids_BS,
       **decoder_inputs(batch, 'decoder_'),
     )
+    if self.cfg.logits_chunk and 'target_ids' in batch:  # training
+      return hidden, None
     final = hidden[0] if self.collect_states else hidden
     return hidden, self.lm_head(final, self.token_embed)
 
@@ -99,7 +101,15 @@ class EncoderDecoderModel(nn.Module):
     )
     if self.collect_states:
       hidden, outputs['layer_states'] = hidden
-    outputs.update(encoded=encoded, hidden=hidden, logits=logits)
+    outputs.update(encoded=encoded, hidden=hidden)
+    if logits is None:  # model.logits_chunk: the loss's terms instead
+      outputs.update(
+        heads.chunked_target_xent(
+          self, hidden, batch['target_ids'], self.cfg.logits_chunk
+        )
+      )
+    else:
+      outputs['logits'] = logits
     return outputs
 
   @staticmethod

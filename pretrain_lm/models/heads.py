@@ -2,6 +2,7 @@
 
 import jax
 import jax.numpy as jnp
+import optax
 from flax import linen as nn
 
 from pretrain_lm.models import layers
@@ -111,6 +112,49 @@ class LmHead(nn.Module):
     return nn.with_logical_constraint(
       output_logits(self, x_BLD, embed), layers.BLV
     )
+
+
+def chunked_target_xent(
+  model: nn.Module, x_BLD: Array, targets_BL: Array, chunk: int
+) -> dict[str, Array]:
+  """Next-token cross-entropy without the [B, L, V] logits in memory.
+
+  `model.lm_head(x, model.token_embed)` runs on `chunk` positions at a
+  time in a scan, each chunk's logits turned into its cross-entropy and
+  argmax-correctness at once and rematerialised in the backward pass, so
+  at most [B, chunk, V] logits exist at a time (the full ones are 1.6 GB
+  in float32 for GPT-2's 50,257-piece vocabulary at batch 8 x 1024).
+  Returns `target_xent` and `target_correct` [B, L] (float32), what
+  objectives.clm.loss reads instead of `logits`.
+  """
+  B, L, D = x_BLD.shape
+  n = -(-L // chunk)
+  pad = n * chunk - L  # a short last chunk is padded; the pad is cut off
+  x = jnp.pad(x_BLD, ((0, 0), (0, pad), (0, 0)))
+  t = jnp.pad(targets_BL, ((0, 0), (0, pad)))
+  x_NBCD = x.reshape(B, n, chunk, D).swapaxes(0, 1)
+  t_NBC = t.reshape(B, n, chunk).swapaxes(0, 1)
+
+  def body(mdl, carry, xs):
+    x_BCD, t_BC = xs
+    # float32 softmax, as clm.token_cross_entropy.
+    logits_BCV = mdl.lm_head(x_BCD, mdl.token_embed).astype(jnp.float32)
+    xent = optax.softmax_cross_entropy_with_integer_labels(logits_BCV, t_BC)
+    correct = (jnp.argmax(logits_BCV, -1) == t_BC).astype(jnp.float32)
+    return carry, (xent, correct)
+
+  scan = nn.scan(
+    nn.remat(body),
+    variable_broadcast='params',
+    split_rngs={'params': False},
+    length=n,
+  )
+  _, (xent_NBC, correct_NBC) = scan(model, None, (x_NBCD, t_NBC))
+  unchunk = lambda a: a.swapaxes(0, 1).reshape(B, n * chunk)[:, :L]
+  return {
+    'target_xent': unchunk(xent_NBC),
+    'target_correct': unchunk(correct_NBC),
+  }
 
 
 class Pooler(nn.Module):

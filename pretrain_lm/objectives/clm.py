@@ -50,7 +50,15 @@ def transform(
 def loss(
   outputs: dict[str, jax.Array], batch: dict[str, jax.Array]
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
-  """Mean cross-entropy of `logits` [B, L, V] over the weighted targets."""
+  """Mean cross-entropy of `logits` [B, L, V] over the weighted targets.
+
+  With model.logits_chunk the model hands over the per-token terms
+  (`target_xent`, `target_correct`) instead of the logits.
+  """
+  if 'target_xent' in outputs:
+    return weighted_means(
+      outputs['target_xent'], outputs['target_correct'], batch['target_weights']
+    )
   return token_cross_entropy(
     outputs['logits'], batch['target_ids'], batch['target_weights']
   )
@@ -60,12 +68,17 @@ def token_cross_entropy(logits, labels, weights):
   """Weighted mean cross-entropy and accuracy; also for seq2seq targets."""
   # float32 softmax: bfloat16 log-sum-exp over a large vocab loses precision.
   logits = logits.astype(jnp.float32)
-  weights = weights.astype(jnp.float32)
   xent = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
+  correct = (jnp.argmax(logits, axis=-1) == labels).astype(jnp.float32)
+  return weighted_means(xent, correct, weights)
+
+
+def weighted_means(xent, correct, weights):
+  """The loss and accuracy over the weighted tokens, and their count."""
+  weights = weights.astype(jnp.float32)
   num_predictions = jnp.sum(weights)
   denominator = jnp.maximum(num_predictions, 1e-8)  # empty batch: 0, not NaN
   mean_loss = jnp.sum(xent * weights) / denominator
-  correct = (jnp.argmax(logits, axis=-1) == labels).astype(jnp.float32)
   metrics = {
     'loss': mean_loss,
     'accuracy': jnp.sum(correct * weights) / denominator,
