@@ -33,8 +33,14 @@ def drain(config, tokenizer, *, batches: int, skip: int) -> dict[str, float]:
   start = time.perf_counter()
   for _ in range(batches):
     batch = next(it)
-    tokens += batch['input_ids'].size
-    real += int(np.sum(batch['segment_ids'] != 0))
+    # Tokens the model reads: input_ids, or the encoder's and the decoder's;
+    # segment id 0 marks [PAD].
+    for key in (k for k in batch if k.endswith('input_ids')):
+      tokens += batch[key].size
+      segments = batch.get(key.replace('input_ids', 'segment_ids'))
+      real += (
+        batch[key].size if segments is None else np.count_nonzero(segments)
+      )
   seconds = time.perf_counter() - start
   return {
     'tokens_per_s': tokens / seconds,
