@@ -540,6 +540,11 @@ class Trainer:
       out_shardings=sharding.replicated(self.mesh),
     )
 
+  @property
+  def train_step(self):
+    """The jitted, donated step: (state, global batch) -> (state, metrics)."""
+    return self._p_train_step
+
   @contextlib.contextmanager
   def context(self):
     """Mesh + logical rules, needed while tracing the model's constraints."""

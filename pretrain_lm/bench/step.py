@@ -96,17 +96,8 @@ def bench_train(
   shapes = {k: v.shape for k, v in host_batch.items()}
   with trainer.context():
     batch = sharding.host_to_global(host_batch, trainer.mesh)
-    step = train.jit_train_step(
-      trainer.model,
-      trainer.tx,
-      trainer.loss_fn,
-      trainer.schedule,
-      trainer.shardings,
-      trainer.mesh,
-      grad_accum_steps=config.train.grad_accum_steps,
-    )
     start = time.perf_counter()
-    compiled = step.lower(state, batch).compile()
+    compiled = trainer.train_step.lower(state, batch).compile()
     compile_s = time.perf_counter() - start
     state, metrics, times = time_steps(
       compiled, state, batch, steps=steps, warmup=warmup
