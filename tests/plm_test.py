@@ -1,5 +1,6 @@
 """Tests for XLNet's permutation LM: the orders, the masks, two streams."""
 
+import dataclasses
 import importlib.util
 import math
 import os
@@ -431,16 +432,21 @@ def test_flops_add_the_query_stream_to_the_encoder():
     for path, x in jax.tree_util.tree_leaves_with_path(layer)
     if 'kernel' in jax.tree_util.keystr(path)
   )
-  # The query stream reuses the content stream's keys and values.
-  query_weights = (
-    weights
-    - layer['attention']['key_kernel'].size
-    - layer['attention']['value_kernel'].size
+  # The query stream's own matmuls run at the targets; it projects the
+  # content stream's keys and values again, at all seq_len positions.
+  kv_weights = (
+    layer['attention']['key_kernel'].size
+    + layer['attention']['value_kernel'].size
   )
   attention = 12 * seq_len * cfg.num_heads * cfg.head_dim
-  query = cfg.num_layers * (6 * query_weights + attention) * preds
+  query = cfg.num_layers * (
+    (6 * (weights - kv_weights) + attention) * preds + 6 * kv_weights * seq_len
+  )
   got = MODELS['plm'].train_flops(cfg, shapes)
-  encoder = EncoderModel.train_flops(cfg, shapes)
+  # Nothing reads the content stream's last layer but through g's keys and
+  # values (counted above): the encoder's cost with one layer fewer.
+  shallower = dataclasses.replace(cfg, num_layers=cfg.num_layers - 1)
+  encoder = EncoderModel.train_flops(shallower, shapes)
   assert got == pytest.approx(encoder + B * query, rel=1e-9)
   # Without targets only the content stream runs: the encoder's cost.
   no_targets = {'input_ids': (B, seq_len)}

@@ -250,7 +250,8 @@ class PlmModel(nn.Module):
       6 * (2 * D * H * K + mlp) + 12 * L * H * K
     ) + L * transformer.kv_flops(cfg, 1)
     projection = 6 * E * D if E != D else 0
-    query = cfg.num_layers * query_per_layer + P * projection
+    # Without targets (fine-tuning, features) the query stream never runs.
+    query = cfg.num_layers * query_per_layer + P * projection if P else 0
     head = 6 * (D + cfg.vocab_size) * E * P
     pooler = 6 * D**2 if cfg.pooler else 0
     return float(B * (content + query + head + pooler))
