@@ -109,6 +109,7 @@ def base_config() -> ml_collections.ConfigDict:
   # Decoders and encoder-decoders in training: > 0 computes the vocabulary
   # projection and cross-entropy this many positions at a time, so the
   # [B, L, V] logits never exist at once (heads.chunked_target_xent).
+  # Evaluation and decoding, which need the logits, are unaffected.
   c.model.logits_chunk = 0
   c.model.dtype = 'float32'  # activations; 'bfloat16' on accelerators
   c.model.param_dtype = 'float32'

@@ -513,14 +513,25 @@ def test_chunked_logits_give_the_full_logits_loss_and_gradient(family):
       # scanned chunks, must be the same parameter.
       tie_embeddings=family == 'decoder',
       logits_chunk=chunk,
+      dropout_rate=0.0,
+      attention_dropout_rate=0.0,
     )
     model = MODELS[family](cfg)
     params = nn.meta.unbox(
       model.init(jax.random.key(0), batch, deterministic=True)
     )['params']
+    # Evaluation and decoding (deterministic) always get the logits.
+    evaluated = model.apply({'params': params}, batch, deterministic=True)
+    assert evaluated['logits'].shape == (B, L, V)
 
     def loss(p, model=model, chunk=chunk):
-      outputs = model.apply({'params': p}, batch, deterministic=True)
+      # Training mode; dropout is 0 so that the two runs compare exactly.
+      outputs = model.apply(
+        {'params': p},
+        batch,
+        deterministic=False,
+        rngs={'dropout': jax.random.key(1)},
+      )
       assert ('logits' in outputs) == (chunk == 0)
       return clm.loss(outputs, batch)
 

@@ -34,9 +34,10 @@ def decoder_inputs(batch: dict[str, Array], prefix: str = '') -> dict:
 class DecoderModel(nn.Module):
   """Causal Transformer: `logits` [B, L, V] for the token after each one.
 
-  With model.logits_chunk and `target_ids` in the batch, the logits are
-  replaced by their per-token cross-entropy against the targets
-  (heads.chunked_target_xent), computed a chunk of positions at a time.
+  In training (not deterministic) with model.logits_chunk and `target_ids`
+  in the batch, the logits are replaced by their per-token cross-entropy
+  against the targets (heads.chunked_target_xent), computed a chunk of
+  positions at a time; evaluation and decoding always get the logits.
 
   With `decode`, a call takes new tokens `input_ids` [B, T] at `positions`
   [B, T] (the same start in every row), appends their keys and values to
@@ -79,7 +80,7 @@ class DecoderModel(nn.Module):
     if self.collect_states:
       hidden, outputs['layer_states'] = hidden
     outputs['hidden'] = hidden
-    if self.cfg.logits_chunk and 'target_ids' in batch:  # training
+    if self.cfg.logits_chunk and not deterministic and 'target_ids' in batch:
       outputs.update(
         heads.chunked_target_xent(
           self, hidden, batch['target_ids'], self.cfg.logits_chunk

@@ -86,8 +86,8 @@ class EncoderDecoderModel(nn.Module):
       encoder_segment_ids_BS=encoder_segment_ids_BS,
       **decoder_inputs(batch, 'decoder_'),
     )
-    if self.cfg.logits_chunk and 'target_ids' in batch:  # training
-      return hidden, None
+    if self.cfg.logits_chunk and not deterministic and 'target_ids' in batch:
+      return hidden, None  # training: __call__ computes the loss's terms
     final = hidden[0] if self.collect_states else hidden
     return hidden, self.lm_head(final, self.token_embed)
 
