@@ -10,6 +10,7 @@ tiny discriminator learns to spot replaced tokens from that loss.
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 from pretrain_lm.models import MODELS, ModelConfig
@@ -36,23 +37,29 @@ def _batch():
   }
 
 
+def _model():
+  """A 2-layer, 32-wide ELECTRA with a half-width generator, no dropout."""
+  return MODELS['electra'](
+    ModelConfig(
+      family='electra',
+      vocab_size=V,
+      num_layers=2,
+      emb_dim=32,
+      num_heads=4,
+      head_dim=8,
+      mlp_dim=64,
+      max_len=L,
+      type_vocab_size=0,
+      generator_width=0.5,
+      dropout_rate=0.0,
+      attention_dropout_rate=0.0,
+    )
+  )
+
+
 @pytest.fixture(scope='module')
 def model_and_params():
-  cfg = ModelConfig(
-    family='electra',
-    vocab_size=V,
-    num_layers=2,
-    emb_dim=32,
-    num_heads=4,
-    head_dim=8,
-    mlp_dim=64,
-    max_len=L,
-    type_vocab_size=0,
-    generator_width=0.5,
-    dropout_rate=0.0,
-    attention_dropout_rate=0.0,
-  )
-  model = MODELS['electra'](cfg)
+  model = _model()
   params = model.init(jax.random.key(0), _batch(), deterministic=True)['params']
   return model, params
 
@@ -140,23 +147,7 @@ def test_discriminator_learns_to_spot_replacements():
   # the generator stays at its near-uniform init and its samples are
   # random ids. If the labels did not mark the slots the discriminator
   # reads, or its gradient did not reach it, the AUC would stay at 0.5.
-  import optax
-
-  cfg = ModelConfig(
-    family='electra',
-    vocab_size=V,
-    num_layers=2,
-    emb_dim=32,
-    num_heads=4,
-    head_dim=8,
-    mlp_dim=64,
-    max_len=L,
-    type_vocab_size=0,
-    generator_width=0.5,
-    dropout_rate=0.0,
-    attention_dropout_rate=0.0,
-  )
-  model = MODELS['electra'](cfg)
+  model = _model()
   rng = np.random.default_rng(0)
   Bt, P = 16, 4
 
