@@ -145,8 +145,9 @@ def test_discriminator_learns_to_spot_replacements():
   # Rows count up (5, 6, ..., wrapping within 32 ids), so a replaced token
   # is visible from its neighbours. The loss is the discriminator's alone:
   # the generator stays at its near-uniform init and its samples are
-  # random ids. If the labels did not mark the slots the discriminator
+  # random ids. If the labels did not follow the tokens the discriminator
   # reads, or its gradient did not reach it, the AUC would stay at 0.5.
+  # (Which slots may be labelled is pinned in families_test.)
   model = _model()
   rng = np.random.default_rng(0)
   Bt, P = 16, 4
