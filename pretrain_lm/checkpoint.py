@@ -367,10 +367,12 @@ class Checkpointer:
       enable_async_checkpointing=async_save,
       create=not read_only,
       read_only=read_only,
-      # Local leftovers are removed above, synchronously; Orbax's own pass
-      # (in the background) covers object stores, whose uncommitted steps
-      # carry no tmp suffix, only a missing commit_success.txt.
-      cleanup_tmp_directories=not read_only,
+      # Local leftovers are removed above, synchronously. Orbax's own pass
+      # runs in the background, so it is kept for object stores only (their
+      # uncommitted steps carry no tmp suffix, only a missing
+      # commit_success.txt): locally it could still be deleting while
+      # another Checkpointer on the directory starts a save.
+      cleanup_tmp_directories=not read_only and '://' in directory,
     )
     # Handlers named up front: a manager that has not saved yet (a restart)
     # can then read the state's tree metadata before restoring it.

@@ -216,8 +216,6 @@ def test_never_starts_over_on_top_of_checkpoints(tmp_path):
   # Nothing there: a fresh start is right.
   empty = ckpt.Checkpointer(directory, keep=0)
   assert empty.restore_latest(abstract) is None
-  # Closed first: an open manager's background work on the directory can
-  # race the saves below (seen once as a missing orbax tmp directory).
   empty.close()
   c = saved(directory, [1, 2])
   for step in (1, 2):
@@ -305,6 +303,25 @@ def test_retention_on_disk_and_leftover_cleanup(tmp_path):
   writer.save(8, make_state(8), {'step': 8})
   writer.close()
   assert sorted(os.listdir(directory)) == ['4', '5', '7', '8']
+
+
+def test_local_cleanup_is_done_when_the_constructor_returns(
+  tmp_path, monkeypatch
+):
+  # Nothing may go on deleting in the background (Orbax's own cleanup pass):
+  # it raced a later save into the same directory once.
+  background = []
+  monkeypatch.setattr(
+    ckpt.ocp.checkpoint_manager.temporary_paths,
+    'cleanup_temporary_paths',
+    lambda *args, **kwargs: background.append(args),
+  )
+  (tmp_path / '3.orbax-checkpoint-tmp').mkdir()
+  c = ckpt.Checkpointer(str(tmp_path), keep=0)
+  assert background == [] and c.leftovers() == []
+  # Left open on purpose: a second one saves into the same directory.
+  saved(str(tmp_path), [1, 2])
+  assert sorted(os.listdir(tmp_path)) == ['1', '2']
 
 
 # --- In a real run.
