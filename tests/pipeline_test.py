@@ -410,6 +410,40 @@ def test_cached_tokens_give_the_same_stream(corpus, fresh_stream):
   )
 
 
+def test_cached_tokens_are_not_read_again(corpus, tmp_path):
+  # Past epoch 0, data.cache_tokens serves the tokens from memory: a source
+  # replaced on disk then changes nothing. Without the cache it does (the
+  # control), so the test sees whether the file is read again.
+  rows_per_epoch = len(
+    _reference_rows(corpus, 'train', 'full_sentences')['input_ids']
+  )
+  epoch_batches = rows_per_epoch // BATCH
+  source = tmp_path / 'train.txt'
+
+  def stream(cache_tokens, replace_after):
+    source.write_text('\n'.join(corpus['train']) + '\n')
+    config = _config(corpus, cache_tokens=cache_tokens)
+    config.data.source = str(source)
+    it = pipeline.train_iterator(config, corpus['tokenizer'])
+    got = list(itertools.islice(it, replace_after))
+    # A new file (os.replace), as an edit would leave: open readers keep
+    # the old one.
+    other = tmp_path / 'other.txt'
+    other.write_text('\n'.join(reversed(corpus['eval'])) + '\n')
+    os.replace(other, source)
+    return got + list(itertools.islice(it, 3 * epoch_batches))
+
+  # Into epoch 1: epoch 0 has been read to its end, so its cache is whole.
+  after = epoch_batches + 2
+  want = _batches(_config(corpus), corpus, after + 3 * epoch_batches)
+  _assert_same_batches(stream(True, after), want)
+  uncached = stream(False, after)
+  assert not all(
+    np.array_equal(g['input_ids'], w['input_ids'])
+    for g, w in zip(uncached, want, strict=True)
+  ), 'the control did not read the replaced file'
+
+
 def test_restart_reproduces_next_sentence_pairs(corpus):
   # NSP takes each row's random B from its neighbour in the host batch:
   # restarts (at the epoch boundary and past it) must pair rows the same.
