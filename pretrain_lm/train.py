@@ -741,6 +741,37 @@ class Trainer:
     )
     return ds.as_numpy_iterator(), end, abstract_batch(ds.element_spec)
 
+  def _open_writer(self, start: int) -> metrics_lib.MetricWriter:
+    """The run's metric writer (chief only); says where a resume starts."""
+    writer = metrics_lib.MetricWriter(
+      self.workdir,
+      total_steps=self.config.train.num_steps,
+      initial_step=start,
+      enabled=self.is_chief,
+      progress_bar=self.config.train.progress_bar,
+    )
+    if start:
+      writer.print(
+        f'Resumed from {self.checkpointer.directory} at step {start}.'
+      )
+    return writer
+
+  def _stop_nonfinite(self, writer, step: int, skips, unlogged) -> None:
+    """Ends the run after too many skipped steps, saying what to do."""
+    # Skipped steps never touch the weights, so the checkpoint just saved
+    # holds the last good ones; at this step, so a rerun reads on past the
+    # bad batches rather than replaying them.
+    self.nonfinite_stop = True  # main exits with EXIT_NONFINITE
+    if unlogged:  # the steps since the last log, the skipped ones too
+      writer.write(step, unlogged)
+    writer.print(
+      f'Stopping at step {step}: the last {skips.consecutive} steps had '
+      'a non-finite loss or gradient and were skipped. The checkpoint '
+      f'at step {step} holds the weights of the last good step. Look '
+      'at the learning rate and the data, or raise '
+      'train.max_consecutive_skips (0: never stop).'
+    )
+
   def run(self) -> TrainState:
     """The training loop. Returns the final state."""
     cfg = self.config
@@ -753,17 +784,7 @@ class Trainer:
       process_index=jax.process_index(),
       process_count=jax.process_count(),
     )
-    writer = metrics_lib.MetricWriter(
-      self.workdir,
-      total_steps=num_steps,
-      initial_step=start,
-      enabled=self.is_chief,
-      progress_bar=cfg.train.progress_bar,
-    )
-    if start:
-      writer.print(
-        f'Resumed from {self.checkpointer.directory} at step {start}.'
-      )
+    writer = self._open_writer(start)
     stop = _StopSignal()
     skips = _SkipGuard(cfg.train.max_consecutive_skips, writer)
 
@@ -818,19 +839,8 @@ class Trainer:
           step, state, self.checkpoint_meta(state), metrics=evaluated
         )
       if skips.exhausted:
-        # Skipped steps never touch the weights, so this checkpoint holds
-        # the last good ones; at this step, so a rerun reads on past the
-        # bad batches rather than replaying them.
-        self.nonfinite_stop = True  # main exits with EXIT_NONFINITE
-        if window:  # the unlogged steps up to here, the skipped ones too
-          writer.write(step, perf.summarize(window, step))
-        writer.print(
-          f'Stopping at step {step}: the last {skips.consecutive} steps had '
-          'a non-finite loss or gradient and were skipped. The checkpoint '
-          f'at step {step} holds the weights of the last good step. Look '
-          'at the learning rate and the data, or raise '
-          'train.max_consecutive_skips (0: never stop).'
-        )
+        unlogged = perf.summarize(window, step) if window else None
+        self._stop_nonfinite(writer, step, skips, unlogged)
         break
       if exiting and not last:
         self.preempted = signalled  # main exits with EXIT_RESUME
@@ -840,12 +850,16 @@ class Trainer:
         )
         break
 
+    self._finish(writer, stop, step)
+    return state
+
+  def _finish(self, writer, stop, step: int) -> None:
+    """Waits for the last save, then closes what the run opened."""
     self.checkpointer.wait()
     self.checkpointer.close()
     stop.restore()
     writer.print(f'Checkpoint: {self.checkpointer.directory}/{step}')
     writer.close()
-    return state
 
 
 # The token cross-entropy a perplexity means something for: the MLM part of
