@@ -53,6 +53,8 @@ from absl import logging
 from etils import epath
 from jax.experimental import multihost_utils
 
+from pretrain_lm import configlib
+
 CHECKPOINT_DIR = 'checkpoints'
 # The per-example feature shapes and dtypes of a run (pretrain_lm.load
 # builds the model's params from it).
@@ -71,9 +73,8 @@ PACKAGES = (
   'ml-collections',
   'numpy',
 )
-# checkpoint.on_corrupt: raise, or fall back to the next older checkpoint.
-ON_CORRUPT = ('fail', 'previous')
-BEST_MODES = ('min', 'max')
+# The choices of checkpoint.on_corrupt and checkpoint.best_mode.
+ON_CORRUPT, BEST_MODES = configlib.ON_CORRUPT, configlib.BEST_MODES
 # A checkpoint that failed verification is renamed to this (on_corrupt=
 # 'previous'): Orbax no longer sees it as a step, and nothing is deleted.
 CORRUPT_PREFIX = 'corrupt-'

@@ -14,6 +14,10 @@ import ml_collections
 
 # The corpus bundled in the package (pretrain_lm/data/corpora/README.md).
 CORPUS_DIR = os.path.join(os.path.dirname(__file__), 'data', 'corpora')
+# checkpoint.on_corrupt: stop, or fall back to the next older checkpoint.
+ON_CORRUPT = ('fail', 'previous')
+# checkpoint.best_mode: the best checkpoint has the lowest or highest metric.
+BEST_MODES = ('min', 'max')
 
 
 def parse_arg(arg: str | None, **defaults) -> ml_collections.ConfigDict:

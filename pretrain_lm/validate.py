@@ -263,12 +263,14 @@ def check_config(config: ml_collections.ConfigDict) -> None:
   for name in ('keep', 'keep_best', 'keep_every'):
     _require(c[name] >= 0, f'checkpoint.{name}={c[name]} must be >= 0.')
   _require(
-    c.best_mode in ('min', 'max'),
-    f"checkpoint.best_mode={c.best_mode!r}; expected 'min' or 'max'.",
+    c.best_mode in configlib.BEST_MODES,
+    f'checkpoint.best_mode={c.best_mode!r}; expected one of '
+    f'{configlib.BEST_MODES}.',
   )
   _require(
-    c.on_corrupt in ('fail', 'previous'),
-    f"checkpoint.on_corrupt={c.on_corrupt!r}; expected 'fail' or 'previous'.",
+    c.on_corrupt in configlib.ON_CORRUPT,
+    f'checkpoint.on_corrupt={c.on_corrupt!r}; expected one of '
+    f'{configlib.ON_CORRUPT}.',
   )
   _require(
     not c.keep_best or c.best_metric.startswith('eval_'),

@@ -123,6 +123,17 @@ def test_out_of_range_names_the_field(field, value):
   _fails(_config(**{field: value}), f'{field}={value}')
 
 
+@pytest.mark.parametrize(
+  'field, value, choices',
+  [
+    ('checkpoint.best_mode', 'highest', "('min', 'max')"),
+    ('checkpoint.on_corrupt', 'skip', "('fail', 'previous')"),
+  ],
+)
+def test_bad_choice_names_the_field_and_the_choices(field, value, choices):
+  _fails(_config(**{field: value}), f'{field}={value!r}', choices)
+
+
 def test_field_checks_come_before_any_file_is_read(tmp_path):
   # The source does not exist, so a check that read it would fail
   # differently: the field checks ran first.
