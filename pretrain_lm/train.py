@@ -485,7 +485,7 @@ class Trainer:
     self.nonfinite_stop = False  # run() stopped by non-finite steps
     self.mesh = mesh or sharding.make_mesh(config.mesh)
     if self.is_chief:
-      _write_run_files(config, workdir)
+      write_run_files(config, workdir)
     self.tokenizer = self._setup_tokenizer()
     self.model_config = ModelConfig.from_config(config.model)
     self.model = MODELS[config.model.family](self.model_config)
@@ -605,7 +605,7 @@ class Trainer:
     Sets data_start_step: the saved stream's, or the saved step when
     data.allow_changed lets a changed stream start there.
     """
-    _check_tokenizer_matches(meta, self.tokenizer, self.checkpointer)
+    check_tokenizer_matches(meta, self.tokenizer, self.checkpointer)
     saved = meta.get('data')
     if saved is None:  # a checkpoint from before the stream was recorded
       return
@@ -785,7 +785,7 @@ class Trainer:
       process_count=jax.process_count(),
     )
     writer = self._open_writer(start)
-    stop = _StopSignal()
+    stop = StopSignal()
     skips = _SkipGuard(cfg.train.max_consecutive_skips, writer)
 
     # The data stream is opened at the start of each seq-len stage (the
@@ -873,7 +873,7 @@ def _perplexity(metrics: dict[str, float], prefix: str = '') -> float:
   return float(np.exp(min(metrics[prefix + name], 50.0)))
 
 
-def _write_run_files(config: ml_collections.ConfigDict, workdir: str) -> None:
+def write_run_files(config: ml_collections.ConfigDict, workdir: str) -> None:
   """Stores the resolved config and, per start, commit and versions."""
   tf.io.gfile.makedirs(workdir)
   checkpoint_lib.write_json(
@@ -887,7 +887,7 @@ def _write_run_files(config: ml_collections.ConfigDict, workdir: str) -> None:
   checkpoint_lib.write_json(path, {'starts': starts})
 
 
-def _check_tokenizer_matches(meta, tokenizer, checkpointer) -> None:
+def check_tokenizer_matches(meta, tokenizer, checkpointer) -> None:
   """A checkpoint must be resumed with the tokenizer that produced it."""
   checkpoint_lib.check_tokenizer(
     meta.get('tokenizer'),
@@ -961,7 +961,7 @@ class _SkipGuard:
     return self.limit > 0 and self.consecutive >= self.limit
 
 
-class _StopSignal:
+class StopSignal:
   """Turns SIGTERM (preemption, `kill`) and Ctrl-C into a clean save + exit."""
 
   def __init__(self):

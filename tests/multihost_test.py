@@ -320,7 +320,7 @@ def test_workdir_files_use_gfile_not_local_paths():
   assert checkpoint.absolute(workdir) == workdir
   assert checkpoint.absolute('gs://bucket/run') == 'gs://bucket/run'
   c = load_config('bert', 'size=tiny')
-  train._write_run_files(c, workdir)
+  train.write_run_files(c, workdir)
   meta = checkpoint.read_json(f'{workdir}/run_metadata.json')
   assert len(meta['starts']) == 1
   assert checkpoint.read_json(f'{workdir}/config.json') == json.loads(

@@ -306,7 +306,7 @@ class Trainer:
       )
 
     if self.is_chief:
-      train._write_run_files(config, workdir)
+      train.write_run_files(config, workdir)
       if not resuming:
         self._copy_init_files()
     self.model = build_model(c, self.model_config, self.tokenizer)
@@ -465,7 +465,7 @@ class Trainer:
       latest = self.checkpointer.latest_step()
       if latest is not None:  # (1)
         state, meta = self.checkpointer.restore(latest, abstract)
-        train._check_tokenizer_matches(meta, self.tokenizer, self.checkpointer)
+        train.check_tokenizer_matches(meta, self.tokenizer, self.checkpointer)
         return state
       state = create(rng, self.batch_shapes)
       if not c.init.random_init:  # (2)
@@ -550,7 +550,7 @@ class Trainer:
     )
     if start:
       writer.print(f'Resumed from {self.checkpointer.directory} at {start}.')
-    stop = train._StopSignal()
+    stop = train.StopSignal()
 
     step, pending, window = start, None, []
     last_time, last_step = time.perf_counter(), start
