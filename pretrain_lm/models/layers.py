@@ -119,6 +119,51 @@ def dense(
   return y
 
 
+# Dropout draws 16 random bits per element: two elements share one 32-bit
+# threefry word, half the hashing of flax's nn.Dropout (one word each), which
+# made drawing the masks ~9% of BERT-base's CPU train step. 16 bits keep the
+# rate exact to 2^-16; 8 bits would halve the cost again but round a rate of
+# 0.1 to 26/256.
+DROPOUT_BITS = 16
+
+
+def keep_mask(rng: Array, shape: tuple[int, ...], keep_prob: float):
+  """Bernoulli(keep_prob) mask of `shape`, and its exact keep probability.
+
+  keep_prob is rounded to a multiple of 2^-DROPOUT_BITS; the second return
+  value is the rounded one, for the caller's rescaling.
+  """
+  per_word = 32 // DROPOUT_BITS
+  *lead, n = shape
+  words = jax.random.bits(rng, (*lead, -(-n // per_word)), jnp.uint32)
+  shifts = jnp.arange(per_word, dtype=jnp.uint32) * DROPOUT_BITS
+  draws = (words[..., None] >> shifts) & jnp.uint32(2**DROPOUT_BITS - 1)
+  draws = draws.reshape(*lead, -1)[..., :n]
+  threshold = max(1, round(keep_prob * 2**DROPOUT_BITS))
+  return draws < jnp.uint32(threshold), threshold / 2**DROPOUT_BITS
+
+
+class Dropout(nn.Module):
+  """Inverted dropout (Srivastava et al., 2014) drawing keep_mask's bits.
+
+  The same contract as nn.Dropout: needs the 'dropout' rng unless
+  deterministic; kept values are scaled by 1 / keep probability.
+  """
+
+  rate: float
+
+  @nn.compact
+  def __call__(self, x: Array, deterministic: bool) -> Array:
+    if deterministic or self.rate == 0:
+      return x
+    if self.rate == 1:
+      return jnp.zeros_like(x)
+    keep, keep_prob = keep_mask(
+      self.make_rng('dropout'), x.shape, 1 - self.rate
+    )
+    return jnp.where(keep, x / keep_prob, jnp.zeros_like(x))
+
+
 class Embed(nn.Module):
   """A lookup table whose transpose can also produce output logits (tying)."""
 
@@ -336,7 +381,7 @@ class MultiHeadAttention(nn.Module):
       big_neg = jnp.finfo(jnp.float32).min
       logits_BHLS = jnp.where(mask, logits_BHLS, big_neg)
     probs_BHLS = jax.nn.softmax(logits_BHLS, axis=-1).astype(dtype)
-    probs_BHLS = nn.Dropout(cfg.attention_dropout_rate)(
+    probs_BHLS = Dropout(cfg.attention_dropout_rate)(
       probs_BHLS, deterministic=deterministic
     )
     return jnp.einsum('BHLS,BSHK->BLHK', probs_BHLS, v)

@@ -65,7 +65,7 @@ class Embedder(nn.Module):
       )(type_ids_BL)
     if cfg.embed_norm:
       x_BLE = layers.norm(cfg, 'embed_norm')(x_BLE)
-    x_BLE = nn.Dropout(cfg.dropout_rate)(x_BLE, deterministic=deterministic)
+    x_BLE = layers.Dropout(cfg.dropout_rate)(x_BLE, deterministic=deterministic)
     return nn.with_logical_constraint(x_BLE, layers.BLD)
 
 
@@ -92,7 +92,7 @@ class TransformerLayer(nn.Module):
   def __call__(self, x_BLD: Array, ctx: dict) -> tuple[Array, None]:
     cfg, det = self.cfg, self.deterministic
     out_std = layers.residual_std(cfg, self.num_layers)
-    dropout = nn.Dropout(cfg.dropout_rate)
+    dropout = layers.Dropout(cfg.dropout_rate)
 
     def self_attention(h, norm):
       kv = h if ctx.get('kv') is None else norm(ctx['kv'])
