@@ -143,6 +143,8 @@ def test_bench_train_reports_mfu_against_the_measured_peak():
     r['tokens_per_s'] * r['model_flops_per_token'] / 1e12, rel=1e-6
   )
   assert r['peak_source'] == 'xla_matmul'
+  if os.path.exists('/proc/cpuinfo'):  # Linux: what the CPU can vectorise
+    assert r['cpu_simd'] in ('avx512_bf16', 'avx512f', 'avx2', 'avx', 'none')
   assert r['mfu'] == pytest.approx(r['achieved_tflops'] / r['peak_tflops'])
   assert 0 < r['mfu'] < 1.5 and r['compile_s'] > 0
   assert r['best_matmul_tflops'] >= r['xla_matmul_tflops'] > 0
