@@ -1,0 +1,95 @@
+r"""A/B of dropout's mask draws inside one process: flax's against ours.
+
+  python experiments/benchmarks/ab_dropout.py \
+      --config=configs/bert.py:size=small --batch_size=32 --rounds=10
+
+Compiles the config's train step (the one `pretrain_lm.main` runs) once per
+variant of `layers.keep_mask`, then times the variants in alternating order
+on the same batch, round after round. On a shared VM the speed drifts by
+more than a lever is worth between two separate `pretrain_lm.bench` runs;
+alternating within one process lets the drift hit every variant alike.
+Prints each variant's median step and, per round, its ratio to the first.
+
+Variants: `flax` (jax.random.bernoulli, one 32-bit threefry word per
+element, as flax's nn.Dropout draws them) and a number of bits per element
+(`16`, the default of layers.DROPOUT_BITS; `8`).
+"""
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+
+import jax  # noqa: E402
+
+from pretrain_lm import configlib, sharding, train  # noqa: E402
+from pretrain_lm.bench import step  # noqa: E402
+from pretrain_lm.data import pipeline  # noqa: E402
+from pretrain_lm.models import layers  # noqa: E402
+
+
+def flax_mask(rng, shape, keep_prob):
+  """flax's draw: a uniform float from one threefry word per element."""
+  return jax.random.bernoulli(rng, keep_prob, shape), keep_prob
+
+
+def compile_variant(trainer, state, batch, variant: str):
+  """The train step compiled with `variant`'s keep_mask."""
+  ours, bits = layers.keep_mask, layers.DROPOUT_BITS
+  if variant == 'flax':
+    layers.keep_mask = flax_mask
+  else:
+    layers.DROPOUT_BITS = int(variant)
+  try:
+    jax.clear_caches()  # retrace: the patch is invisible to jit's cache
+    return trainer.train_step.lower(state, batch).compile()
+  finally:
+    layers.keep_mask, layers.DROPOUT_BITS = ours, bits
+
+
+def main():
+  p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  p.add_argument('--config', default='configs/bert.py:size=small')
+  p.add_argument('--batch_size', type=int, default=32)
+  p.add_argument('--rounds', type=int, default=10)
+  p.add_argument('--variants', default='flax,16,8')
+  args = p.parse_args()
+  config = configlib.load_file(args.config)
+  config.data.batch_size = args.batch_size
+  step.first_stage(config)
+  variants = args.variants.split(',')
+
+  trainer = train.Trainer(config, tempfile.mkdtemp(prefix='ab_dropout_'))
+  state = trainer.initial_state()
+  host = next(
+    pipeline.train_dataset(config, trainer.tokenizer).as_numpy_iterator()
+  )
+  times = {v: [] for v in variants}
+  with trainer.context():
+    batch = sharding.host_to_global(host, trainer.mesh)
+    steps = {v: compile_variant(trainer, state, batch, v) for v in variants}
+    for r in range(args.rounds + 1):  # round 0 warms up
+      for v in variants if r % 2 else variants[::-1]:
+        start = time.perf_counter()
+        state, metrics = steps[v](state, batch)
+        jax.block_until_ready((state, metrics))
+        if r:
+          times[v].append(time.perf_counter() - start)
+
+  print(f'{args.config}, batch {args.batch_size} x {config.data.seq_len}')
+  first = times[variants[0]]
+  for v in variants:
+    ratios = [t / b for t, b in zip(times[v], first, strict=True)]
+    print(
+      f'{v:>5}: median step {statistics.median(times[v]):.3f} s, '
+      f'median ratio to {variants[0]} {statistics.median(ratios):.3f}, '
+      f'faster in {sum(r < 1 for r in ratios)}/{len(ratios)} rounds'
+    )
+
+
+if __name__ == '__main__':
+  sys.exit(main())
