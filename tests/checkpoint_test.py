@@ -123,6 +123,36 @@ def test_checksums_are_sharding_invariant_and_see_every_change(mesh):
   assert ckpt.checksums(flags) != ckpt.checksums(flags.at[6].set(True))
 
 
+def test_one_process_writes_replicated_shards_whole(tmp_path):
+  """Orbax's replica-parallel slicing is off in a single process.
+
+  It would cut each replicated shard into one slice per replica (each a
+  small XLA compile on the first save); whole shards are written instead,
+  and they restore to the same values and shardings.
+  """
+  mesh = jax.make_mesh((2, 4), ('data', 'model'), devices=jax.devices()[:8])
+  state = {
+    'rows': jax.device_put(  # 4 replicas of each of 2 row blocks
+      jnp.arange(64 * 16, dtype=jnp.float32).reshape(64, 16),
+      NamedSharding(mesh, P('data')),
+    ),
+    'replicated': jax.device_put(
+      jnp.arange(32, dtype=jnp.float32), NamedSharding(mesh, P())
+    ),
+  }
+  c = ckpt.Checkpointer(str(tmp_path), keep=0, async_save=False)
+  c.save(1, state, {'step': 1})
+  c.wait()
+  tree = c.manager.item_metadata(1)['state'].tree
+  for name, x in state.items():
+    shard = x.sharding.shard_shape(x.shape)
+    assert tree[name].storage.write_shape == shard, name
+  restored, _ = c.restore(1, abstract_of(state))
+  assert_same(restored, state)
+  assert restored['rows'].sharding == state['rows'].sharding
+  c.close()
+
+
 # --- Round trip, corruption, fallback.
 
 
