@@ -354,9 +354,13 @@ def _write_shards_whole() -> None:
     return  # done already
   # The same handler as Orbax registers (defaults plus its array metadata
   # store, which it only exposes as this attribute) but for that switch.
+  # Should a later Orbax drop the attribute, its default stands: slower
+  # first saves, never checkpoints without their array metadata.
+  store = getattr(default, '_array_metadata_store', None)
+  if store is None:
+    return
   handler = ocp.type_handlers.ArrayHandler(
-    use_replica_parallel=False,
-    array_metadata_store=getattr(default, '_array_metadata_store', None),
+    use_replica_parallel=False, array_metadata_store=store
   )
   ocp.type_handlers.register_type_handler(jax.Array, handler, override=True)
 
