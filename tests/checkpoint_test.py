@@ -123,6 +123,41 @@ def test_checksums_are_sharding_invariant_and_see_every_change(mesh):
   assert ckpt.checksums(flags) != ckpt.checksums(flags.at[6].set(True))
 
 
+def test_host_sum_equals_the_on_device_sum():
+  """CPU arrays are summed in NumPy, shard by shard; XLA's sum is the spec.
+
+  Shards split along every axis, partly replicated (only replica 0 counts)
+  and whole; every word size, keys, scalars.
+  """
+  mesh = jax.make_mesh((2, 2, 2), ('a', 'b', 'c'), devices=jax.devices()[:8])
+  x = np.random.RandomState(0).standard_normal((6, 8, 4)).astype(np.float32)
+
+  def put(value, *spec):
+    return jax.device_put(value, NamedSharding(mesh, P(*spec)))
+
+  flat = ckpt.flatten(
+    {
+      'split_3_ways': put(x, 'a', 'b', 'c'),
+      'split_and_replicated': put(x, None, ('a', 'c')),
+      'replicated': put(x, None),
+      'bf16': put(x.astype(jnp.bfloat16), 'b'),
+      'bool': jnp.asarray(x > 0),
+      'int8': jnp.asarray((10 * x).astype(np.int8)),
+      'uint16': jnp.arange(10, dtype=jnp.uint16),
+      'scalar': jnp.int32(7),
+      'typed_key': jax.random.key(3),
+      'raw_key': jax.random.PRNGKey(3),
+    }
+  )
+  assert all(ckpt._on_host(v) for v in flat.values())
+  on_device = ckpt._device_checksums(flat)
+  assert {k: ckpt._host_checksum(v) for k, v in flat.items()} == on_device
+  assert ckpt.checksums(flat) == on_device
+  # Sharding changes nothing; the values do.
+  assert on_device['split_3_ways'] == on_device['replicated']
+  assert on_device['split_3_ways'] != ckpt._host_checksum(put(-x, 'a'))
+
+
 def test_one_process_writes_replicated_shards_whole(tmp_path):
   """Orbax's replica-parallel slicing is off in a single process.
 
