@@ -366,6 +366,39 @@ def test_static_shapes_and_dtypes(corpus):
   }
 
 
+@pytest.mark.parametrize('doc_format', ['line', 'blank_line', 'file'])
+def test_no_function_goes_through_autograph(corpus, doc_format, monkeypatch):
+  """tf.data traces our functions as written (sources.no_autograph).
+
+  AutoGraph's rewrite is seconds per pipeline and changes nothing in code
+  that keeps data-dependent control flow in TF ops; a function handed to
+  tf.data without the wrapper would be converted, and seen here.
+  """
+  from tensorflow.python.autograph.impl import api
+
+  converted = []
+
+  def record(f, *args, **kwargs):
+    converted.append(f)
+    raise RuntimeError('not converted')  # AutoGraph then runs `f` as is
+
+  monkeypatch.setattr(api, '_convert_actual', record)
+  for packing in pipeline.PACKINGS:
+    config = _config(corpus, packing, doc_format=doc_format, eval_batches=1)
+    if doc_format == 'line':  # every 3rd document held out for eval
+      config.data.eval_holdout_every = 3
+      config.data.eval_source = ''
+    if packing == 'doc_sentences':  # + partner rows
+      config.objective.sentence_task = 'nsp'
+      config.model.pooler = True
+    next(pipeline.train_iterator(config, corpus['tokenizer'], start_batch=9))
+    pipeline.eval_batches(config, corpus['tokenizer'])
+  assert not converted
+  # The probe is live: an unwrapped function is seen.
+  tf.data.Dataset.range(3).map(lambda x: x + 1)
+  assert len(converted) == 1
+
+
 @pytest.fixture(scope='module')
 def fresh_stream(corpus):
   """Over two epochs of batches from a fresh start, and rows per epoch."""

@@ -30,7 +30,7 @@ from pretrain_lm import checkpoint as checkpoint_lib
 from pretrain_lm import configlib, objectives
 from pretrain_lm.convert import bart, bert, gpt2, t5
 from pretrain_lm.convert.layout import PREFIXED_PARTS, Format, Tensors
-from pretrain_lm.data import pipeline
+from pretrain_lm.data import pipeline, sources
 from pretrain_lm.data import tokenizer as tokenizer_lib
 from pretrain_lm.models import MODELS, ModelConfig
 
@@ -225,12 +225,14 @@ def batch_spec(
   if objectives.needs_partner(objective, config.objective):
     kwargs['partner'] = row
   ds = tf.data.Dataset.from_tensors(row).map(
-    lambda r: objective.transform(
-      r,
-      tf.zeros([2], tf.int64),
-      config=config.objective,
-      tokenizer=tokenizer,
-      **kwargs,
+    sources.no_autograph(
+      lambda r: objective.transform(
+        r,
+        tf.zeros([2], tf.int64),
+        config=config.objective,
+        tokenizer=tokenizer,
+        **kwargs,
+      )
     )
   )
   return {

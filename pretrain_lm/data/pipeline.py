@@ -18,6 +18,7 @@ import tensorflow as tf
 from pretrain_lm import objectives
 from pretrain_lm.data import sources
 from pretrain_lm.data import tokenizer as tokenizer_lib
+from pretrain_lm.data.sources import no_autograph
 
 # TF is only the input pipeline: keep it off the accelerators, whose memory
 # belongs to JAX.
@@ -87,7 +88,9 @@ def tokenize(
   tf_tokenizer = tokenizer.tf_tokenizer()
   # Tokenizing a batch per call amortises the op overhead.
   tokens = docs.batch(64).map(
-    tf_tokenizer.tokenize, num_parallel_calls=_AUTOTUNE, deterministic=True
+    no_autograph(tf_tokenizer.tokenize),
+    num_parallel_calls=_AUTOTUNE,
+    deterministic=True,
   )
   return tokens.unbatch()
 
@@ -186,7 +189,7 @@ def _concat_chunks(docs: tf.data.Dataset, sep_id: int) -> tf.data.Dataset:
     seps = tf.fill([batch.nrows(), 1], tf.constant(sep_id, tf.int32))
     return tf.concat([batch, seps], axis=1).flat_values
 
-  return docs.ragged_batch(_CONCAT_DOCS_PER_RUN).map(join)
+  return docs.ragged_batch(_CONCAT_DOCS_PER_RUN).map(no_autograph(join))
 
 
 def _features(
@@ -265,17 +268,19 @@ def pack(
       f'Rows of {row_len} tokens (from data.seq_len) leave no room for '
       f'tokens with data.packing={packing!r}; raise data.seq_len.'
     )
-  docs = docs.map(lambda ids: tf.cast(ids, tf.int32))
+  docs = docs.map(no_autograph(lambda ids: tf.cast(ids, tf.int32)))
   # An empty document would give an empty piece: [SEP] alone.
-  docs = docs.filter(lambda ids: tf.size(ids) > 0)
+  docs = docs.filter(no_autograph(lambda ids: tf.size(ids) > 0))
   if packing == 'doc_sentences':
     # One map per document makes its rows and their features: per-element
     # overhead dominates for short documents.
     rows = docs.map(
-      lambda ids: _features(
-        _doc_sentences_rows(ids, row_len, cls_id, sep_id, pad_id),
-        sep_id,
-        pad_id,
+      no_autograph(
+        lambda ids: _features(
+          _doc_sentences_rows(ids, row_len, cls_id, sep_id, pad_id),
+          sep_id,
+          pad_id,
+        )
       ),
       num_parallel_calls=_AUTOTUNE,
       deterministic=True,
@@ -287,12 +292,14 @@ def pack(
     step = _concat_step(row_len, pad_id)
     docs = _concat_chunks(docs, sep_id)
   # An empty document flagged as the end flushes the unfinished row.
-  flagged = docs.map(lambda ids: (ids, False)).concatenate(
+  flagged = docs.map(no_autograph(lambda ids: (ids, False))).concatenate(
     tf.data.Dataset.from_tensors((tf.zeros([0], tf.int32), True))
   )
-  rows = flagged.scan(tf.zeros([0], tf.int32), step)
+  rows = flagged.scan(tf.zeros([0], tf.int32), no_autograph(step))
   rows = rows.map(
-    lambda r: _features(tf.ensure_shape(r, [None, row_len]), sep_id, pad_id),
+    no_autograph(
+      lambda r: _features(tf.ensure_shape(r, [None, row_len]), sep_id, pad_id)
+    ),
     num_parallel_calls=_AUTOTUNE,
     deterministic=True,
   )
@@ -373,7 +380,7 @@ def _epoch(rows: tf.data.Dataset, data_config, epoch) -> tf.data.Dataset:
     seed=shuffle_seed,
     reshuffle_each_iteration=False,
   )
-  return rows.enumerate().map(lambda i, row: (epoch, i, row))
+  return rows.enumerate().map(no_autograph(lambda i, row: (epoch, i, row)))
 
 
 def _per_host_batch(data_config, process_count: int) -> int:
@@ -386,7 +393,8 @@ def _per_host_batch(data_config, process_count: int) -> int:
 
 
 def _count(ds: tf.data.Dataset) -> int:
-  return int(ds.reduce(tf.constant(0, tf.int64), lambda n, _: n + 1))
+  count = no_autograph(lambda n, _: n + 1)
+  return int(ds.reduce(tf.constant(0, tf.int64), count))
 
 
 def _options() -> tf.data.Options:
@@ -448,7 +456,7 @@ def train_dataset(
     if epoch_rows <= skip:  # the whole epoch, counted
       start_epoch, skip = divmod(skip, epoch_rows)
   stream = tf.data.Dataset.counter(start_epoch).flat_map(
-    lambda epoch: _epoch(rows, data_config, epoch)
+    no_autograph(lambda epoch: _epoch(rows, data_config, epoch))
   )
   stream = stream.skip(skip)
   partnered = objectives.needs_partner(objective, config.objective)
@@ -463,11 +471,13 @@ def train_dataset(
     # the last): a random other row of the shuffled epoch, at no extra
     # tokenizing. Resumes start at a batch boundary, so pairs replay.
     stream = stream.batch(batch, drop_remainder=True).map(
-      lambda epoch, index, rows: (
-        epoch,
-        index,
-        rows,
-        {k: tf.roll(v, 1, axis=0) for k, v in rows.items()},
+      no_autograph(
+        lambda epoch, index, rows: (
+          epoch,
+          index,
+          rows,
+          {k: tf.roll(v, 1, axis=0) for k, v in rows.items()},
+        )
       )
     )
     stream = stream.unbatch()
@@ -480,7 +490,7 @@ def train_dataset(
     )
 
   stream = stream.map(
-    transform, num_parallel_calls=_AUTOTUNE, deterministic=True
+    no_autograph(transform), num_parallel_calls=_AUTOTUNE, deterministic=True
   )
   stream = stream.batch(batch, drop_remainder=True).prefetch(_AUTOTUNE)
   return stream.with_options(_options())
@@ -542,9 +552,11 @@ def eval_batches(
       reshuffle_each_iteration=False,
     )
     ds = tf.data.Dataset.zip(ds, partners).map(
-      lambda indexed, partner: (*indexed, partner)
+      no_autograph(lambda indexed, partner: (*indexed, partner))
     )
-  ds = ds.map(transform, num_parallel_calls=_AUTOTUNE, deterministic=True)
+  ds = ds.map(
+    no_autograph(transform), num_parallel_calls=_AUTOTUNE, deterministic=True
+  )
   ds = ds.batch(batch, drop_remainder=True).take(data_config.eval_batches)
   batches = list(ds.with_options(_options()).as_numpy_iterator())
   if len(batches) < data_config.eval_batches:
