@@ -495,13 +495,14 @@ class Trainer:
       config.optimizer, config.train.num_steps
     )
     # Shapes come from the pipeline itself, so model and data cannot disagree.
-    spec = pipeline.train_dataset(
+    # A fresh run reads this very stream (_stage_data): built once.
+    self._fresh_stream = pipeline.train_dataset(
       config,
       self.tokenizer,
       process_index=jax.process_index(),
       process_count=jax.process_count(),
-    ).element_spec
-    self.batch_shapes = abstract_batch(spec)
+    )
+    self.batch_shapes = abstract_batch(self._fresh_stream.element_spec)
     if self.is_chief:  # lets pretrain_lm.load build the model's input
       checkpoint_lib.write_json(
         os.path.join(workdir, checkpoint_lib.BATCH_SPEC_FILE),
@@ -729,16 +730,20 @@ class Trainer:
       s for s in pipeline.seq_len_stages(self.config) if s[0] <= step < s[1]
     )
     cfg = self.config
-    if seq_len != cfg.data.seq_len:
-      cfg = cfg.copy_and_resolve_references()
-      cfg.data.seq_len = seq_len
-    ds = pipeline.train_dataset(
-      cfg,
-      self.tokenizer,
-      start_batch=step - max(begin, self.data_start_step),
-      process_index=jax.process_index(),
-      process_count=jax.process_count(),
-    )
+    start_batch = step - max(begin, self.data_start_step)
+    if seq_len == cfg.data.seq_len and start_batch == 0:
+      ds = self._fresh_stream  # what __init__ built, from its first batch
+    else:
+      if seq_len != cfg.data.seq_len:
+        cfg = cfg.copy_and_resolve_references()
+        cfg.data.seq_len = seq_len
+      ds = pipeline.train_dataset(
+        cfg,
+        self.tokenizer,
+        start_batch=start_batch,
+        process_index=jax.process_index(),
+        process_count=jax.process_count(),
+      )
     return ds.as_numpy_iterator(), end, abstract_batch(ds.element_spec)
 
   def _open_writer(self, start: int) -> metrics_lib.MetricWriter:
