@@ -2,10 +2,12 @@
 
 Each config file's `tiny` preset, and every objective's preset, trains for
 a few dozen steps on the 8-device fake mesh laid out (data, fsdp, tensor) =
-(2, 2, 2), shrunk to rows of 64 and batches of 16: the loss must fall, the
-evaluation must run, and `pretrain_lm.load` must give back exactly the
-trained params. The objectives' noise is tested statistically in their own
-test files; this is the end-to-end check that each one trains.
+(2, 2, 2), shrunk to at most 2 layers (per stack), rows of 32 and batches
+of 16: the loss must fall, the evaluation must run, and `pretrain_lm.load`
+must give back exactly the trained params. The objectives' noise is tested
+statistically in their own test files; this is the end-to-end check that
+each one trains. (Why so small: experiments/benchmarks/README.md, "Test-suite
+time".)
 """
 
 import glob
@@ -96,11 +98,12 @@ def test_preset_trains_loss_falls_and_round_trips_on_a_2x2x2_mesh(
   c = get_config(name, arg)
   assert c.objective.name == objective
   c.model.update(model_overrides)
+  c.model.num_layers = min(c.model.num_layers, 2)
   if c.data.tokenizer_type != 'char':
     c.data.tokenizer = wordpiece_tokenizer
     # Room for the ids span corruption and UL2 reserve (sentinels, modes).
     c.model.vocab_size = VOCAB + 128
-  c.data.seq_len = 64
+  c.data.seq_len = 32
   c.model.max_len = max(c.model.max_len, 128)
   c.data.batch_size = 16
   c.data.shuffle_buffer = 256
