@@ -5,11 +5,15 @@ import os
 # Must happen before JAX is imported anywhere.
 # The suite is mostly XLA compiles of tiny models: skipping LLVM's costly
 # backend optimisations cuts the compile time by about a fifth and leaves
-# what is tested (partitioning, numerics to float32 round-off) alone.
+# what is tested (partitioning, numerics to float32 round-off) alone. (Level
+# 1 runs steps faster but compiles slower: the whole suite took longer,
+# experiments/benchmarks/README.md, "Test-suite time".) Child processes
+# that want JAX's one CPU device get these flags alone as their XLA_FLAGS.
+COMPILE_FLAGS = (
+  '--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true'
+)
 os.environ['XLA_FLAGS'] = os.environ.get('XLA_FLAGS', '') + (
-  ' --xla_force_host_platform_device_count=8'
-  ' --xla_backend_optimization_level=0'
-  ' --xla_llvm_disable_expensive_passes=true'
+  ' --xla_force_host_platform_device_count=8 ' + COMPILE_FLAGS
 )
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 os.environ['JAX_PLATFORMS'] = 'cpu'

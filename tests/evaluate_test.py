@@ -13,6 +13,7 @@ import ml_collections
 import numpy as np
 import pytest
 from absl import flags
+from conftest import COMPILE_FLAGS
 from flax import linen as nn
 
 from pretrain_lm import evaluate, pretrained
@@ -279,7 +280,7 @@ def test_cli_prints_and_writes_json(gpt, tmp_path):
   data = tmp_path / 'held_out.txt'
   data.write_text('\n'.join(TEXTS) + '\n')
   output = tmp_path / 'result.json'
-  env = dict(os.environ, JAX_PLATFORMS='cpu', XLA_FLAGS='')
+  env = dict(os.environ, JAX_PLATFORMS='cpu', XLA_FLAGS=COMPILE_FLAGS)
   proc = subprocess.run(
     [
       sys.executable,

@@ -12,7 +12,7 @@ import ml_collections
 import numpy as np
 import optax
 import pytest
-from conftest import REPO, load_config
+from conftest import COMPILE_FLAGS, REPO, load_config
 from flax import linen as nn
 
 import pretrain_lm
@@ -239,7 +239,7 @@ def test_cli_distils_and_prints_dev_accuracy(bert, straight, tmp_path):
     f'--workdir={tmp_path}',
   ] + [f'--config.{k}={v}' for k, v in overrides.items()]
   # One CPU device: a single-device compile is the quickest.
-  env = dict(os.environ, XLA_FLAGS='')
+  env = dict(os.environ, XLA_FLAGS=COMPILE_FLAGS)
   out = subprocess.run(
     cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300
   )

@@ -14,7 +14,7 @@ import sys
 import jax
 import numpy as np
 import pytest
-from conftest import REPO, load_config
+from conftest import COMPILE_FLAGS, REPO, load_config
 
 import pretrain_lm
 from pretrain_lm import checkpoint as checkpoint_lib
@@ -223,7 +223,7 @@ def test_main_exits_with_its_own_code_not_resume(tmp_path, tokenizer_path):
       *[f'--config.{k}={v}' for k, v in flags.items()],
     ],
     cwd=REPO,
-    env=dict(os.environ, XLA_FLAGS='', JAX_PLATFORMS='cpu'),
+    env=dict(os.environ, XLA_FLAGS=COMPILE_FLAGS, JAX_PLATFORMS='cpu'),
     capture_output=True,
     text=True,
     timeout=600,

@@ -8,6 +8,7 @@ import re
 import shlex
 
 import pytest
+from conftest import COMPILE_FLAGS
 
 from pretrain_lm import sweep
 
@@ -345,9 +346,9 @@ def test_tiny_sweep_end_to_end(tmp_path, capsys, monkeypatch):
     c.data, vocab_size=640, workdir=str(tmp_path / 'tok')
   )
   tokenizer = str(tmp_path / 'tok' / tokenizer_lib.WORKDIR_FILENAME)
-  # One CPU device per run: the 8 fake devices of conftest only slow the
-  # compile down.
-  monkeypatch.setenv('XLA_FLAGS', '')
+  # One CPU device per run, with the suite's compile flags: the 8 fake
+  # devices of conftest only slow the compile down.
+  monkeypatch.setenv('XLA_FLAGS', COMPILE_FLAGS)
   root = str(tmp_path / 'root')
   argv = [
     TINY_SWEEP,
