@@ -6,7 +6,7 @@ import os
 # The suite is mostly XLA compiles of tiny models: skipping LLVM's costly
 # backend optimisations cuts the compile time by about a fifth and leaves
 # what is tested (partitioning, numerics to float32 round-off) alone. (Level
-# 1 runs steps faster but compiles slower: the whole suite took longer,
+# 1 runs steps faster but compiles slower: the whole suite was not faster,
 # experiments/benchmarks/README.md, "Test-suite time".) Child processes
 # that want JAX's one CPU device get these flags alone as their XLA_FLAGS.
 COMPILE_FLAGS = (
