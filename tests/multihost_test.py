@@ -16,7 +16,7 @@ import time
 import jax
 import numpy as np
 import pytest
-from conftest import REPO, load_config
+from conftest import COMPILE_FLAGS, REPO, load_config
 
 import pretrain_lm
 from pretrain_lm import distributed, sharding, train
@@ -165,7 +165,7 @@ def launch(workdir, overrides, cache, num_processes=2, extra=None):
   port = free_port()
   env = dict(
     os.environ,
-    XLA_FLAGS='--xla_force_host_platform_device_count=4',
+    XLA_FLAGS=f'--xla_force_host_platform_device_count=4 {COMPILE_FLAGS}',
     JAX_PLATFORMS='cpu',
     JAX_COMPILATION_CACHE_DIR=cache,
     JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS='0',
