@@ -18,7 +18,23 @@ os.environ['XLA_FLAGS'] = os.environ.get('XLA_FLAGS', '') + (
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 os.environ['JAX_PLATFORMS'] = 'cpu'
 
+import atexit  # noqa: E402
 import importlib.util  # noqa: E402
+import shutil  # noqa: E402
+import tempfile  # noqa: E402
+
+# One persistent compilation cache for the whole run: many tests build a
+# fresh Trainer (a fresh jit) for a model another test, worker or child
+# process has already compiled, and XLA's cache key is the computation, so
+# those compiles become file reads. JAX writes only compiles over 1 s.
+# The xdist workers and child processes inherit the directory; the process
+# that made it removes it. PRETRAIN_LM_TEST_CACHE=0 turns it off.
+if os.environ.get('PRETRAIN_LM_TEST_CACHE', '1') != '0' and (
+  'JAX_COMPILATION_CACHE_DIR' not in os.environ
+):
+  _cache = tempfile.mkdtemp(prefix='pretrain_lm_tests_xla_cache_')
+  os.environ['JAX_COMPILATION_CACHE_DIR'] = _cache
+  atexit.register(shutil.rmtree, _cache, ignore_errors=True)
 
 import pytest  # noqa: E402
 
