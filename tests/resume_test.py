@@ -7,9 +7,10 @@ The checkpoint written there also restores onto 4 devices and onto 1.
 
 Compiling dominates on CPU, so two child processes (this file run as a
 script) do the work for all objectives at once, sharing a persistent
-compilation cache: `straight` trains 2N steps, saving at N, and writes its
-final state and next batch; `resume` restores step N in a new process,
-trains N steps and writes the same; this process compares the files.
+compilation cache (the suite's, where conftest made one): `straight`
+trains 2N steps, saving at N, and writes its final state and next batch;
+`resume` restores step N in a new process, trains N steps and writes the
+same; this process compares the files.
 """
 
 import glob
@@ -22,7 +23,6 @@ import numpy as np
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 N = 2  # steps before and after the restart
-VOCAB = 512
 # objective.name -> the config preset that trains it.
 PRESETS = {
   'mlm': ('bert', 'size=tiny'),
@@ -43,26 +43,13 @@ SMALLER_MESHES = {4: (2, 2, 1), 1: (1, 1, 1)}  # devices -> (data, fsdp, tensor)
 
 
 def tiny_config(objective: str, tokenizer_path: str):
-  """The objective's preset, one layer, rows of 32, batches of 8, 2x2x2."""
-  from pretrain_lm import configlib
+  """The objective's preset as configs_test trains it (the same shapes, so
+  the suite's compilation cache compiles its step once for both files)."""
+  from configs_test import shrunk
 
-  name, arg = PRESETS[objective]
-  c = configlib.load_file(f'{REPO}/configs/{name}.py:{arg}')
+  c = shrunk(*PRESETS[objective], tokenizer_path)
   c.objective.name = objective
-  if c.data.tokenizer_type != 'char':
-    c.data.tokenizer = tokenizer_path
-    c.model.vocab_size = VOCAB + 128  # room for T5's and UL2's reserved ids
-  c.model.num_layers = 1
-  c.model.num_decoder_layers = 0  # as many as the encoder
-  c.model.max_len = max(c.model.max_len, 128)
-  c.data.seq_len = 32
-  c.data.batch_size = 8
   c.data.shuffle_buffer = 16
-  c.data.eval_batches = 1
-  c.mesh.data, c.mesh.fsdp, c.mesh.tensor = 2, 2, 2
-  c.optimizer.warmup_steps = 1
-  c.train.num_steps = 2 * N
-  c.train.progress_bar = False
   c.checkpoint.every = N
   c.checkpoint.async_save = False
   return c
@@ -170,7 +157,10 @@ def test_resume_is_bitwise_and_restores_on_other_meshes(
   from pretrain_lm.objectives import OBJECTIVES
 
   assert set(PRESETS) == set(OBJECTIVES)
-  root, cache = str(tmp_path / 'runs'), str(tmp_path / 'jax_cache')
+  root = str(tmp_path / 'runs')
+  cache = os.environ.get('JAX_COMPILATION_CACHE_DIR') or str(
+    tmp_path / 'jax_cache'
+  )
   run_child('straight', root, tokenizer_path, cache)
   run_child('resume', root, tokenizer_path, cache)
 
