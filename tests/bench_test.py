@@ -129,6 +129,8 @@ def test_bench_train_reports_mfu_against_the_measured_peak():
     '--config.data.tokenizer_max_docs=500',
     '--steps=2',
     '--warmup=1',
+    # A quick peak: the survey at base-size matmuls takes 15-30 s here.
+    '--peak_sizes=256,512',
   )
   assert (r['what'], r['backend'], r['batch_size'], r['seq_len']) == (
     'train',

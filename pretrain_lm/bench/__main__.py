@@ -66,6 +66,17 @@ _DECODE_LENGTH = flags.DEFINE_integer(
 _REPEATS = flags.DEFINE_integer(
   'repeats', 2, 'Timed runs per decode measurement (median).'
 )
+_PEAK_SIZES = flags.DEFINE_list(
+  'peak_sizes',
+  [],
+  'CPU: the n of the n x n matmuls timed for the peak (default: '
+  'bench/peak.py SIZES, 1024-4096; smaller is quicker and lower).',
+)
+flags.register_validator(
+  'peak_sizes',
+  lambda sizes: all(n.isdigit() and int(n) > 0 for n in sizes),
+  '--peak_sizes must be positive integers, e.g. --peak_sizes=512,1024',
+)
 _WORKDIR = flags.DEFINE_string(
   'workdir', '', 'Where the tokenizer is trained (default: a temp dir).'
 )
@@ -122,7 +133,8 @@ def run_train(config, workdir: str) -> dict:
   """Our step, its MFU, and the peer's step on the same batch."""
   from pretrain_lm.bench import peak, peer, step  # noqa: PLC0415
 
-  result = peak.peaks(config.model.dtype)
+  sizes = tuple(int(n) for n in _PEAK_SIZES.value) or peak.SIZES
+  result = peak.peaks(config.model.dtype, sizes)
   ours, host_batch = step.bench_train(
     config, workdir, steps=_STEPS.value, warmup=_WARMUP.value
   )

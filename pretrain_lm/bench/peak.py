@@ -92,12 +92,12 @@ def torch_matmul_flops(dtype: str, sizes=SIZES, repeats=REPEATS) -> float:
   )
 
 
-def peaks(dtype: str) -> dict[str, float | str]:
+def peaks(dtype: str, sizes=SIZES) -> dict[str, float | str]:
   """The peak for MFU (per process, all its devices) and the matmul survey.
 
   Returns peak_tflops with its source ('datasheet' or 'xla_matmul'), and
-  on CPU the measured matmul TFLOP/s of XLA, NumPy and PyTorch and the
-  best of them.
+  on CPU the measured matmul TFLOP/s of XLA, NumPy and PyTorch (n x n
+  matmuls for each n in `sizes`) and the best of them.
   """
   datasheet = metrics_lib.peak_flops_per_device()
   if datasheet:
@@ -108,9 +108,9 @@ def peaks(dtype: str) -> dict[str, float | str]:
   # CPU: every local device shares the same cores, so the process's peak
   # is what one device's matmul reaches using all of them.
   measured = {
-    'xla': xla_matmul_flops(dtype),
-    'numpy': numpy_matmul_flops(dtype),
-    'torch': torch_matmul_flops(dtype),
+    'xla': xla_matmul_flops(dtype, sizes),
+    'numpy': numpy_matmul_flops(dtype, sizes),
+    'torch': torch_matmul_flops(dtype, sizes),
   }
   best = max(measured, key=measured.get)
   out = {f'{k}_matmul_tflops': v / 1e12 for k, v in measured.items()}
