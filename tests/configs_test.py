@@ -3,11 +3,14 @@
 Each config file's `tiny` preset, and every objective's preset, trains for
 a few dozen steps on the 8-device fake mesh laid out (data, fsdp, tensor) =
 (2, 2, 2), shrunk to at most 2 layers (per stack), rows of 32 and batches
-of 16: the loss must fall, the evaluation must run, and `pretrain_lm.load`
-must give back exactly the trained params. The objectives' noise is tested
-statistically in their own test files; this is the end-to-end check that
-each one trains. (Why so small: experiments/benchmarks/README.md, "Test-suite
-time".)
+of 16: the loss must fall, the evaluation must run, the run's files must be
+there, `pretrain_lm.load` must give back exactly the trained params, and a
+new Trainer resumed from the checkpoint before the last must end bit for bit
+where the run did. The objectives' noise is tested statistically in their
+own test files; this is the end-to-end check that each one trains and
+resumes. (resume_test, marked slow, resumes every objective in a new process
+instead; train_test and multihost_test do that for BERT through the CLI. Why
+so small: experiments/benchmarks/README.md, "Test-suite time".)
 """
 
 import glob
@@ -15,6 +18,7 @@ import importlib.util
 import json
 import math
 import os
+import shutil
 
 import jax
 import numpy as np
@@ -31,6 +35,7 @@ CONFIGS = sorted(
 )
 VOCAB = 512  # conftest's tokenizer_path
 STEPS = 30
+RESUME_AT = 25  # the checkpoint before the last, which the resume restores
 
 # (config file, arg, objective.name, model overrides): every config file
 # and every objective (with each of its options) at least once.
@@ -97,6 +102,11 @@ def shrunk(name: str, arg: str, tokenizer_path: str, model_overrides=None):
   return c
 
 
+def read_metrics(workdir: str) -> list[dict]:
+  with open(os.path.join(workdir, 'metrics.jsonl')) as f:
+    return [json.loads(line) for line in f]
+
+
 def test_every_config_file_and_objective_is_covered():
   assert set(CONFIGS) == {name for name, *_ in PRESETS}
   # reconstruct is the plain autoencoder smoke objective, not a paper's.
@@ -115,12 +125,12 @@ def test_preset_trains_loss_falls_and_round_trips_on_a_2x2x2_mesh(
   c = shrunk(name, arg, tokenizer_path, model_overrides)
   assert c.objective.name == objective
 
+  c.checkpoint.every = RESUME_AT  # saves at RESUME_AT and at the end
   workdir = str(tmp_path / name)
   state = train.train_and_evaluate(c, workdir)
   assert int(state.step) == STEPS
 
-  with open(os.path.join(workdir, 'metrics.jsonl')) as f:
-    records = [json.loads(line) for line in f]
+  records = read_metrics(workdir)
   losses = [r['loss'] for r in records if 'loss' in r]
   assert len(losses) == STEPS and all(math.isfinite(x) for x in losses)
   # Five-step means; 0.3 nats is far beyond their step-to-step noise.
@@ -128,9 +138,32 @@ def test_preset_trains_loss_falls_and_round_trips_on_a_2x2x2_mesh(
   assert first - last > 0.3, (first, last)
   evals = [r for r in records if 'eval_loss' in r]
   assert evals and math.isfinite(evals[-1]['eval_loss'])
+  # What every run logs (throughput from the second step, after the
+  # compile) and leaves in its workdir.
+  for key in (
+    'perplexity',
+    'learning_rate',
+    'grad_norm',
+    'tokens_per_s',
+    'model_tflops_per_s',
+  ):
+    assert key in records[1], records[1]
+  assert os.path.isdir(os.path.join(workdir, 'tensorboard'))
+  for file in ('config.json', 'run_metadata.json'):
+    assert os.path.exists(os.path.join(workdir, file)), file
+  with open(os.path.join(workdir, 'run_metadata.json')) as f:
+    assert json.load(f)['starts'][0]['versions']['jax'] == jax.__version__
 
   loaded = pretrain_lm.load(workdir)
   assert loaded.step == STEPS and loaded.config.model.family == c.model.family
+  # The run keeps its tokenizer, and each checkpoint names its special ids.
+  if c.data.tokenizer_type != 'char':
+    assert os.path.exists(os.path.join(workdir, 'tokenizer.model'))
+  meta = os.path.join(workdir, 'checkpoints', str(STEPS), 'meta', 'metadata')
+  with open(meta) as f:
+    assert json.load(f)['tokenizer']['special_ids'] == (
+      loaded.tokenizer.special_ids
+    )
   trained = jax.device_get(state.params)
   restored = jax.device_get(loaded.params)
   assert jax.tree.structure(trained) == jax.tree.structure(restored)
@@ -138,6 +171,37 @@ def test_preset_trains_loss_falls_and_round_trips_on_a_2x2x2_mesh(
     jax.tree.leaves(trained), jax.tree.leaves(restored), strict=True
   ):
     np.testing.assert_array_equal(a, b)
+
+  # Resume: a copy of the workdir as it was after step RESUME_AT's save (no
+  # later checkpoint, no metrics yet), and a new Trainer on it. The restored
+  # step, optimizer state, dropout RNG and data stream must carry the run
+  # to the same final state and the same losses, bit for bit.
+  resumed = str(tmp_path / 'resumed')
+  shutil.copytree(
+    workdir,
+    resumed,
+    ignore=lambda folder, names: [
+      n
+      for n in names
+      if n == 'metrics.jsonl'
+      or (os.path.basename(folder) == 'checkpoints' and n == str(STEPS))
+    ],
+  )
+  resumed_state = train.Trainer(c, resumed).run()
+  for a, b in zip(
+    jax.tree.leaves(jax.device_get(state)),
+    jax.tree.leaves(jax.device_get(resumed_state)),
+    strict=True,
+  ):
+    np.testing.assert_array_equal(a, b)
+  again = read_metrics(resumed)
+  assert [r['step'] for r in again if 'loss' in r] == list(
+    range(RESUME_AT + 1, STEPS + 1)
+  ), again
+  assert [r['loss'] for r in again if 'loss' in r] == losses[RESUME_AT:]
+  assert [r['eval_loss'] for r in again if 'eval_loss' in r] == [
+    evals[-1]['eval_loss']
+  ]
 
 
 def test_load_file_is_what_the_config_flag_loads():
