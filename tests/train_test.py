@@ -82,7 +82,14 @@ def train_losses(workdir):
   return {m['step']: m['loss'] for m in read_metrics(workdir) if 'loss' in m}
 
 
+@pytest.mark.slow
 def test_loss_falls_well_below_uniform(tmp_path, tokenizer_path):
+  """120 steps take BERT-tiny's loss from ln(V) to a nat below it.
+
+  Slow (`make test-all`): configs_test trains every preset, BERT's
+  included, checking that the loss falls, the logged metrics, the run's
+  files, the tokenizer's special ids in the checkpoint and the load.
+  """
   c = load_config(
     **{
       'data.tokenizer': tokenizer_path,
@@ -244,21 +251,38 @@ def final_params(workdir):
   return jax.device_get(pretrain_lm.load(workdir).params)
 
 
-def test_resume_is_exact_across_processes(tmp_path, tokenizer_path):
-  n = 8
-  base = {
+RESUME_EVERY = 8  # steps between the checkpoints the resume tests restore
+
+
+def resume_overrides(tokenizer_path):
+  return {
     'data.tokenizer': tokenizer_path,
     'model.vocab_size': VOCAB,
     'data.seq_len': 64,
     'data.batch_size': 16,
     'data.shuffle_buffer': 64,
     'data.eval_batches': 1,
-    'train.num_steps': 2 * n,
+    'train.num_steps': 2 * RESUME_EVERY,
     'train.log_every': 1,
     'train.eval_every': 100,
-    'checkpoint.every': n,
+    'checkpoint.every': RESUME_EVERY,
     'train.progress_bar': False,
   }
+
+
+def assert_same_run(straight, workdir):
+  """The interrupted run ended with the same params and loss curve."""
+  want, got = final_params(straight), final_params(workdir)
+  for a, b in zip(jax.tree.leaves(want), jax.tree.leaves(got), strict=True):
+    np.testing.assert_array_equal(a, b)
+  losses = train_losses(workdir)
+  for step, loss in train_losses(straight).items():
+    assert losses[step] == loss, (workdir, step)
+
+
+def test_resume_is_exact_across_processes(tmp_path, tokenizer_path):
+  n = RESUME_EVERY
+  base = resume_overrides(tokenizer_path)
   straight = str(tmp_path / 'straight')
   done = run_main(straight, base).stdout
   # The run ends by saying where the checkpoint is and how to load it.
@@ -271,8 +295,21 @@ def test_resume_is_exact_across_processes(tmp_path, tokenizer_path):
   assert 'Stopping at step 8' in first.stdout + first.stderr
   assert train_losses(resumed).keys() == set(range(1, n + 1))
   run_main(resumed, {**base, 'train.exit_interval': n})
+  assert_same_run(straight, resumed)
 
-  # Hard kill (SIGKILL, no chance to save) after the step-n checkpoint.
+
+@pytest.mark.slow
+def test_sigkill_mid_run_resumes_exactly(tmp_path, tokenizer_path):
+  """A run killed with no chance to save resumes from its last checkpoint.
+
+  Slow (`make test-all`): fault_test kills checkpoint saves at many points
+  (the latest committed one always restores) and the test above resumes
+  through the CLI bit for bit; this one kills a whole run.
+  """
+  base = resume_overrides(tokenizer_path)
+  straight = str(tmp_path / 'straight')
+  run_main(straight, base)
+  # Hard kill (SIGKILL) after the step-4 checkpoint.
   killed = str(tmp_path / 'killed')
   proc = run_main(killed, {**base, 'checkpoint.every': 2}, background=True)
   deadline = time.time() + 300
@@ -283,16 +320,7 @@ def test_resume_is_exact_across_processes(tmp_path, tokenizer_path):
     time.sleep(0.02)
   assert proc.wait() == -signal.SIGKILL, 'the run ended before the kill'
   run_main(killed, {**base, 'checkpoint.every': 2})
-
-  want = final_params(straight)
-  for workdir in (resumed, killed):
-    got = final_params(workdir)
-    for a, b in zip(jax.tree.leaves(want), jax.tree.leaves(got), strict=True):
-      np.testing.assert_array_equal(a, b)
-    # The resumed loss curve is the uninterrupted one.
-    losses = train_losses(workdir)
-    for step, loss in train_losses(straight).items():
-      assert losses[step] == loss, (workdir, step)
+  assert_same_run(straight, killed)
 
 
 def test_sigterm_saves_and_resumes(tmp_path, tokenizer_path):
