@@ -11,12 +11,6 @@ compilation cache (the suite's, where conftest made one): `straight`
 trains 2N steps, saving at N, and writes its final state and next batch;
 `resume` restores step N in a new process, trains N steps and writes the
 same; this process compares the files.
-
-Marked slow (`make test-all` runs it): configs_test resumes every preset in
-the same process from its checkpoint before the last, bit for bit, and
-train_test and multihost_test resume BERT in new processes through the CLI;
-restoring onto other meshes is pretrained_test's and configs_test's
-`pretrain_lm.load` (saved on 8 devices, loaded onto 1 and onto 2x2x2).
 """
 
 import glob
@@ -26,7 +20,6 @@ import subprocess
 import sys
 
 import numpy as np
-import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 N = 2  # steps before and after the restart
@@ -157,7 +150,6 @@ def load(path):
     return dict(f)
 
 
-@pytest.mark.slow
 def test_resume_is_bitwise_and_restores_on_other_meshes(
   tmp_path, tokenizer_path
 ):
