@@ -266,6 +266,11 @@ def test_two_processes_preempted_resumed_match_one(
   assert 'Exiting with code 75' in results[0][1]
   steps = os.listdir(os.path.join(workdir, 'checkpoints'))
   assert len(steps) == 1 and 0 < int(steps[0]) < STEPS, steps
+  # The signalled process says it will save, the chief where it stopped,
+  # and no step ran past the one saved.
+  assert 'saving a checkpoint' in results[1][1], results[1][1]
+  assert f'Stopping at step {steps[0]}' in results[0][1], results[0][1]
+  assert max(read_losses(workdir)) == int(steps[0])
 
   # The rerun restores on both hosts and finishes.
   results = finish(launch(workdir, overrides, compile_cache))

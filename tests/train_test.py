@@ -323,7 +323,14 @@ def test_sigkill_mid_run_resumes_exactly(tmp_path, tokenizer_path):
   assert_same_run(straight, killed)
 
 
+@pytest.mark.slow
 def test_sigterm_saves_and_resumes(tmp_path, tokenizer_path):
+  """SIGTERM: save within one step, exit 75, and the rerun resumes.
+
+  Slow (`make test-all`): multihost_test preempts a two-process run the
+  same way (the same signal handling, save, exit code and resume) and
+  checks it against one process.
+  """
   overrides = {
     'data.tokenizer': tokenizer_path,
     'model.vocab_size': VOCAB,
