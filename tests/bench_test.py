@@ -185,3 +185,67 @@ def test_bench_pipeline_and_decode():
     assert d['cache_speedup'] == pytest.approx(
       d['full_forward_s'] / d['cached_s_per_step']
     )
+
+
+def one_device(c):
+  """The mesh a one-accelerator machine has: the step is exported for it."""
+  return sharding.make_mesh(c.mesh, jax.devices()[:1])
+
+
+def exported_bert(tmp_path, tokenizer_path):
+  """A tiny BERT config on conftest's tokenizer, exported for the CPU."""
+  from pretrain_lm.bench import export  # noqa: PLC0415
+
+  c = load_config('bert', 'size=tiny')
+  c.data.tokenizer, c.model.vocab_size = tokenizer_path, 512
+  c.data.batch_size, c.mesh.data = 4, 1
+  c.model.update(attention_impl='xla', attention_dropout_rate=0.0)
+  step.first_stage(c)
+  out = export.export_train(
+    c, str(tmp_path / 'work'), platform='cpu', mesh=one_device(c)
+  )
+  export.write(str(tmp_path / 'exported'), *out)
+  return c, out[3]
+
+
+def test_exported_step_is_the_trainers_step(tmp_path, tokenizer_path):
+  from pretrain_lm.bench import run_exported  # noqa: PLC0415
+
+  c, batch = exported_bert(tmp_path, tokenizer_path)
+  r = run_exported.run(str(tmp_path / 'exported'), steps=1, warmup=0)
+  # The Trainer's own first step on the same batch, from its own init.
+  trainer = train.Trainer(c, str(tmp_path / 'ref'), mesh=one_device(c))
+  state = trainer.initial_state()
+  with trainer.context():
+    _, metrics = trainer.train_step(
+      state, sharding.host_to_global(batch, trainer.mesh)
+    )
+  assert r['loss'] == pytest.approx(float(metrics['loss']), rel=1e-6)
+  assert r['tokens_per_step'] == 4 * 128
+  assert r['model_flops_per_token'] * r['tokens_per_step'] == pytest.approx(
+    trainer.model.train_flops(
+      trainer.model_config, {k: v.shape for k, v in batch.items()}
+    )
+  )
+  assert r['backend'] == 'cpu' and 'mfu' not in r  # no datasheet CPU peak
+
+
+def test_export_lowers_cudnn_attention_off_a_gpu(tmp_path, tokenizer_path):
+  from pretrain_lm.bench import export  # noqa: PLC0415
+
+  c = load_config('bert', 'size=tiny')
+  c.data.tokenizer, c.model.vocab_size = tokenizer_path, 512
+  c.data.batch_size, c.mesh.data = 4, 1
+  c.model.update(
+    attention_impl='cudnn', attention_dropout_rate=0.0, dtype='bfloat16'
+  )
+  step.first_stage(c)
+  _, _, exported, _ = export.export_train(
+    c, str(tmp_path / 'work'), platform='cuda', mesh=one_device(c)
+  )
+  text = jax.export.deserialize(bytearray(exported)).mlir_module()
+  assert '__cudnn$fmha' in text  # the fused kernel, forward and backward
+  assert 'Backward' in text
+  c.model.attention_impl = 'auto'
+  with pytest.raises(ValueError, match="attention_impl='auto'"):
+    export.export_train(c, str(tmp_path / 'auto'), platform='cuda')

@@ -1,0 +1,148 @@
+"""Times a train step exported by pretrain_lm.bench.export; jax + numpy only.
+
+  python -m pretrain_lm.bench.run_exported DIR [DIR ...] [--steps=N]
+
+Deserializes DIR's init and step, builds the state on the default device,
+compiles the step with the state donated, and times it the way
+`python -m pretrain_lm.bench` does (each step waited for; the median of
+--steps after --warmup). Prints one JSON line per DIR with the bench's
+figures; MFU is against the datasheet peak the manifest lists for this
+device kind. Imports nothing else of pretrain_lm, so it runs where only
+JAX is installed.
+"""
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+
+import jax
+import numpy as np
+
+
+def load(directory: str):
+  """(manifest, init Exported, step Exported, host batch) from DIR."""
+  with open(os.path.join(directory, 'manifest.json')) as f:
+    manifest = json.load(f)
+  exported = []
+  for name in ('init.bin', 'step.bin'):
+    with open(os.path.join(directory, name), 'rb') as f:
+      exported.append(jax.export.deserialize(bytearray(f.read())))
+  with np.load(os.path.join(directory, 'batch.npz')) as z:
+    batch = {k: z[k] for k in z.files}
+  return manifest, exported[0], exported[1], batch
+
+
+def log(message: str) -> None:
+  print(f'[{time.strftime("%H:%M:%S")}] {message}', file=sys.stderr, flush=True)
+
+
+def datasheet_peak(manifest: dict) -> float | None:
+  """The manifest's peak FLOP/s for this device kind, per device."""
+  kind = jax.devices()[0].device_kind.lower()
+  for name, flops in manifest['peak_flops']:
+    if name.lower() in kind:
+      return float(flops)
+  return None
+
+
+def run(directory: str, *, steps: int, warmup: int) -> dict:
+  """Times DIR's step; returns the figures."""
+  manifest, init, step, batch = load(directory)
+  batch = jax.device_put(batch)
+  log(f'{directory}: initialising the state')
+  start = time.perf_counter()
+  leaves = jax.block_until_ready(jax.jit(init.call)(batch))
+  init_s = time.perf_counter() - start  # compiling init, mostly
+  log(f'{directory}: compiling the step')
+  start = time.perf_counter()
+  compiled = jax.jit(step.call, donate_argnums=0).lower(leaves, batch).compile()
+  compile_s = time.perf_counter() - start
+  log(f'{directory}: compiled in {compile_s:.1f} s; timing')
+  times = []
+  for i in range(warmup + steps):
+    start = time.perf_counter()
+    leaves, metrics = compiled(leaves, batch)
+    jax.block_until_ready((leaves, metrics))
+    if i >= warmup:
+      times.append(time.perf_counter() - start)
+  if int(metrics['skipped_total']):
+    raise RuntimeError(
+      f'{directory}: {int(metrics["skipped_total"])} steps had a non-finite '
+      'loss or gradient: the figures would not be real steps.'
+    )
+  step_s = statistics.median(times)
+  tokens, flops = manifest['tokens_per_step'], manifest['model_flops_per_step']
+  cost = compiled.cost_analysis()
+  if isinstance(cost, list | tuple):
+    cost = cost[0]
+  memory = compiled.memory_analysis()
+  peak = datasheet_peak(manifest)
+  result = {
+    'what': 'train',
+    'exported': directory,
+    'family': manifest['family'],
+    'objective': manifest['objective'],
+    'attention_impl': manifest['attention_impl'],
+    'dtype': manifest['dtype'],
+    'backend': jax.default_backend(),
+    'device_kind': jax.devices()[0].device_kind,
+    'jax': jax.__version__,
+    'jax_exported_with': manifest['jax_exported_with'],
+    'host': platform.node(),
+    'batch_size': manifest['batch_size'],
+    'shapes': manifest['shapes'],
+    'tokens_per_step': tokens,
+    'init_s': init_s,
+    'compile_s': compile_s,
+    'step_s': step_s,
+    'step_s_min': min(times),
+    'steps_timed': len(times),
+    'tokens_per_s': tokens / step_s,
+    'model_flops_per_token': flops / tokens,
+    'achieved_tflops': flops / step_s / 1e12,
+    'xla_flops_per_token': float((cost or {}).get('flops', 0.0)) / tokens,
+    'memory_gib': (
+      (
+        memory.argument_size_in_bytes
+        + memory.output_size_in_bytes
+        - memory.alias_size_in_bytes
+        + memory.temp_size_in_bytes
+      )
+      / 2**30
+      if memory
+      else 0.0
+    ),
+    'pad_fraction': manifest['pad_fraction'],
+    'loss': float(metrics['loss']),
+  }
+  if peak:
+    result['peak_tflops'] = peak / 1e12
+    result['peak_source'] = 'datasheet'
+    result['mfu'] = flops / step_s / peak
+  return result
+
+
+def main(argv: list[str]) -> int:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument('dirs', nargs='+', help='Directories export wrote.')
+  parser.add_argument('--steps', type=int, default=10, help='Timed steps.')
+  parser.add_argument('--warmup', type=int, default=2, help='Untimed steps.')
+  args = parser.parse_args(argv)
+  failed = 0
+  for directory in args.dirs:
+    try:
+      result = run(directory, steps=args.steps, warmup=args.warmup)
+    except Exception as e:  # noqa: BLE001 (report it, time the others)
+      print(f'{directory}: {type(e).__name__}: {e}', file=sys.stderr)
+      failed += 1
+      continue
+    print(json.dumps(result), flush=True)
+  return 1 if failed else 0
+
+
+if __name__ == '__main__':
+  sys.exit(main(sys.argv[1:]))
