@@ -1,0 +1,42 @@
+#!/bin/bash
+# Times train steps exported by `python -m pretrain_lm.bench.export` on a
+# GPU machine that has JAX but not our input stack; run from the
+# repository root: run_device.sh DIR... (experiments/benchmarks/README.md,
+# "Train steps on one H100", has the export commands and the results).
+# Each step runs in its own process under a time limit, so one that fails
+# or hangs leaves the others' figures.
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/gpu_out}
+mkdir -p "$OUT"
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm \
+  --format=csv | tee "$OUT/machine.txt"
+python3 -c 'import jax, jaxlib; print("jax", jax.__version__, jax.devices())' \
+  2>&1 | tee -a "$OUT/machine.txt"
+# The datasheet peak is what MFU is taken against; this matmul is context.
+python3 - <<'PY' 2>&1 | tee -a "$OUT/machine.txt"
+import time, jax, jax.numpy as jnp
+n = 8192
+a, b = (jax.random.normal(jax.random.key(i), (n, n), jnp.bfloat16) for i in (0, 1))
+f = jax.jit(lambda a, b: a @ b)
+f(a, b).block_until_ready()
+ts = []
+for _ in range(20):
+  t = time.perf_counter(); f(a, b).block_until_ready(); ts.append(time.perf_counter() - t)
+ts.sort()
+print(f"bf16 matmul {n}^3: {2 * n**3 / ts[len(ts) // 2] / 1e12:.0f} TFLOP/s (median of 20)")
+PY
+for d in "$@"; do
+  echo "== $d"
+  timeout "${STEP_TIMEOUT:-300}" python3 -m pretrain_lm.bench.run_exported \
+    "$d" --steps=20 --warmup=3 >>"$OUT/gpu.jsonl" 2>"$OUT/$(basename "$d").err"
+  echo "rc $?"; tail -c 600 "$OUT/$(basename "$d").err" | grep -v '^W0000\|^I0000'
+done
+python3 - "$OUT/gpu.jsonl" <<'PY'
+import json, sys
+print(f"{'step':<22}{'attn':<7}{'batch':>6}{'step_ms':>9}{'tok/s':>10}{'TFLOP/s':>9}{'MFU':>7}{'compile_s':>10}{'GiB':>6}")
+for line in open(sys.argv[1]):
+  r = json.loads(line)
+  print(f"{r['exported'].split('/')[-1]:<22}{r['attention_impl']:<7}{r['batch_size']:>6}"
+        f"{r['step_s']*1e3:>9.1f}{r['tokens_per_s']:>10.0f}{r['achieved_tflops']:>9.1f}"
+        f"{r.get('mfu', 0):>7.1%}{r['compile_s']:>10.1f}{r['memory_gib']:>6.1f}")
+PY
