@@ -166,6 +166,8 @@ def _export(config, workdir, platform, disabled, mesh):
     'objective': config.objective.name,
     'platform': platform,
     'jax_exported_with': jax.__version__,
+    # Dropout's masks are drawn with the PRNG the step was lowered with.
+    'prng_impl': jax.config.jax_default_prng_impl,
     'attention_impl': config.model.attention_impl,
     'dtype': config.model.dtype,
     'batch_size': config.data.batch_size,
