@@ -11,7 +11,6 @@ small: experiments/benchmarks/README.md, "Test-suite time".)
 """
 
 import glob
-import importlib.util
 import json
 import math
 import os
@@ -19,12 +18,12 @@ import os
 import jax
 import numpy as np
 import pytest
+from conftest import REPO, load_config
 
 import pretrain_lm
 from pretrain_lm import train
 from pretrain_lm.objectives import OBJECTIVES
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = sorted(
   os.path.basename(p)[:-3]
   for p in glob.glob(os.path.join(REPO, 'configs', '*.py'))
@@ -60,21 +59,13 @@ PRESETS = [
 ]
 
 
-def get_config(name: str, arg: str):
-  path = os.path.join(REPO, 'configs', f'{name}.py')
-  spec = importlib.util.spec_from_file_location(f'{name}_config', path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config(arg)
-
-
 def shrunk(name: str, arg: str, tokenizer_path: str, model_overrides=None):
   """The preset as this file trains it: 2x2x2 mesh, <= 2 layers, rows of 32.
 
   resume_test trains the same shapes, so with the suite's persistent
   compilation cache each preset's step is compiled once for both files.
   """
-  c = get_config(name, arg)
+  c = load_config(name, arg)
   c.model.update(model_overrides or {})
   c.model.num_layers = min(c.model.num_layers, 2)
   if c.data.tokenizer_type != 'char':
@@ -167,6 +158,6 @@ def test_load_file_is_what_the_config_flag_loads():
 
   path = os.path.join(REPO, 'configs', 'bert.py')
   loaded = configlib.load_file(f'{path}:size=tiny,objective=nsp')
-  assert loaded == get_config('bert', 'size=tiny,objective=nsp')
+  assert loaded == load_config('bert', 'size=tiny,objective=nsp')
   with pytest.raises(FileNotFoundError, match='no_such.py'):
     configlib.load_file('configs/no_such.py:size=tiny')
