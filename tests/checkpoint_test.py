@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import read_metrics
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -429,10 +430,9 @@ def test_trainer_retention_corruption_and_never_starting_over(tmp_path):
   }
   train.train_and_evaluate(tiny_config(**run), workdir)
   directory = os.path.join(workdir, 'checkpoints')
-  with open(os.path.join(workdir, 'metrics.jsonl')) as f:
-    evals = {
-      m['step']: m['eval_loss'] for m in map(json.loads, f) if 'eval_loss' in m
-    }
+  evals = {
+    m['step']: m['eval_loss'] for m in read_metrics(workdir) if 'eval_loss' in m
+  }
   # Saved at 3, 6 (checkpoint.every) and at every eval (2, 4, 6); kept:
   # the latest, the highest eval_loss, the multiples of 3.
   assert sorted(evals) == [2, 4, 6]

@@ -18,7 +18,7 @@ import os
 import jax
 import numpy as np
 import pytest
-from conftest import REPO, load_config
+from conftest import REPO, load_config, read_metrics
 
 import pretrain_lm
 from pretrain_lm import train
@@ -110,8 +110,7 @@ def test_preset_trains_loss_falls_and_round_trips_on_a_2x2x2_mesh(
   state = train.train_and_evaluate(c, workdir)
   assert int(state.step) == STEPS
 
-  with open(os.path.join(workdir, 'metrics.jsonl')) as f:
-    records = [json.loads(line) for line in f]
+  records = read_metrics(workdir)
   losses = [r['loss'] for r in records if 'loss' in r]
   assert len(losses) == STEPS and all(math.isfinite(x) for x in losses)
   # Five-step means; 0.3 nats is far beyond their step-to-step noise.

@@ -20,6 +20,7 @@ os.environ['JAX_PLATFORMS'] = 'cpu'
 
 import atexit  # noqa: E402
 import importlib.util  # noqa: E402
+import json  # noqa: E402
 import shutil  # noqa: E402
 import tempfile  # noqa: E402
 
@@ -40,6 +41,12 @@ if os.environ.get('PRETRAIN_LM_TEST_CACHE', '1') != '0' and (
 import pytest  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def read_metrics(workdir: str) -> list[dict]:
+  """The records of a run's metrics.jsonl, in the order they were written."""
+  with open(os.path.join(workdir, 'metrics.jsonl')) as f:
+    return [json.loads(line) for line in f]
 
 
 def load_config(name: str, arg: str = ''):

@@ -1,6 +1,5 @@
 """Fine-tuning: restore, heads, ULMFiT's options, distillation, resume, CLI."""
 
-import json
 import math
 import os
 import subprocess
@@ -12,7 +11,7 @@ import ml_collections
 import numpy as np
 import optax
 import pytest
-from conftest import COMPILE_FLAGS, REPO, load_config
+from conftest import COMPILE_FLAGS, REPO, load_config, read_metrics
 from flax import linen as nn
 
 import pretrain_lm
@@ -54,11 +53,6 @@ def one_device():
   return sharding.make_mesh(
     {'data': 1, 'fsdp': 1, 'tensor': 1}, jax.devices()[:1]
   )
-
-
-def read_metrics(workdir):
-  with open(os.path.join(workdir, 'metrics.jsonl')) as f:
-    return [json.loads(line) for line in f]
 
 
 def leaves(tree) -> dict:

@@ -16,7 +16,7 @@ import time
 import jax
 import numpy as np
 import pytest
-from conftest import COMPILE_FLAGS, REPO, load_config
+from conftest import COMPILE_FLAGS, REPO, load_config, read_metrics
 
 import pretrain_lm
 from pretrain_lm import distributed, sharding, train
@@ -238,9 +238,7 @@ def reference_run(workdir, overrides):
 
 
 def read_losses(workdir):
-  with open(os.path.join(workdir, 'metrics.jsonl')) as f:
-    lines = [json.loads(line) for line in f]
-  return {m['step']: m['loss'] for m in lines if 'loss' in m}
+  return {m['step']: m['loss'] for m in read_metrics(workdir) if 'loss' in m}
 
 
 def test_two_processes_preempted_resumed_match_one(

@@ -6,7 +6,6 @@ loss and every gradient are NaN.
 """
 
 import functools
-import json
 import os
 import subprocess
 import sys
@@ -14,7 +13,7 @@ import sys
 import jax
 import numpy as np
 import pytest
-from conftest import COMPILE_FLAGS, REPO, load_config
+from conftest import COMPILE_FLAGS, REPO, load_config, read_metrics
 
 import pretrain_lm
 from pretrain_lm import checkpoint as checkpoint_lib
@@ -187,8 +186,7 @@ def test_consecutive_skips_stop_the_run_at_the_last_good_state(
     assert_trees_equal(getattr(saved, field), getattr(good, field))
   assert saved.step == stop
   # The stop logs the steps since the last log, skips included.
-  with open(os.path.join(trainer.workdir, 'metrics.jsonl')) as f:
-    logged = [json.loads(line) for line in f]
+  logged = read_metrics(trainer.workdir)
   assert logged[-1]['step'] == stop
   assert logged[-1]['skipped_total'] == LIMIT
   assert logged[-1]['skipped'] == pytest.approx(LIMIT / stop)

@@ -8,7 +8,7 @@ import re
 import shlex
 
 import pytest
-from conftest import COMPILE_FLAGS
+from conftest import COMPILE_FLAGS, read_metrics
 
 from pretrain_lm import sweep
 
@@ -377,8 +377,7 @@ def test_tiny_sweep_end_to_end(tmp_path, capsys, monkeypatch):
       section, field = key.split('.')
       assert config[section][field] == value
     assert sweep.completed_step(run['workdir']) == 2
-    with open(os.path.join(run['workdir'], 'metrics.jsonl')) as f:
-      records = [json.loads(line) for line in f]
+    records = read_metrics(run['workdir'])
     logged_lr.append(next(r['learning_rate'] for r in records if 'loss' in r))
   # In warmup the rate is peak * step / warmup_steps: 1e-4 vs 1.5e-4.
   assert logged_lr[1] / logged_lr[0] == pytest.approx(1.5, rel=1e-4)

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from conftest import load_config
+from conftest import load_config, read_metrics
 
 from pretrain_lm import sharding, train, validate
 from pretrain_lm.convert import hf
@@ -353,8 +353,7 @@ def test_seq_len_schedule_switches_and_resumes_exactly(
   for a, b in zip(jax.tree.leaves(want), jax.tree.leaves(got), strict=True):
     np.testing.assert_array_equal(a, b)
 
-  with open(os.path.join(resumed, 'metrics.jsonl')) as f:
-    losses = [json.loads(line)['loss'] for line in f if '"loss"' in line]
+  losses = [m['loss'] for m in read_metrics(resumed) if 'loss' in m]
   # Steps 1-4 straight through, then step 4 again after the resume.
   assert len(losses) == 5 and losses[4] == losses[3], losses
   assert all(math.isfinite(x) for x in losses)

@@ -12,6 +12,7 @@ import time
 import jax
 import numpy as np
 import pytest
+from conftest import read_metrics
 from jax.sharding import PartitionSpec as P
 
 import pretrain_lm
@@ -71,11 +72,6 @@ def tokenizer_path(tmp_path_factory):
   texts = sources.iter_texts(c.data, limit=2000)
   tokenizer_lib.train_tokenizer(texts, path, vocab_size=VOCAB)
   return path
-
-
-def read_metrics(workdir):
-  with open(os.path.join(workdir, 'metrics.jsonl')) as f:
-    return [json.loads(line) for line in f]
 
 
 def train_losses(workdir):
