@@ -9,7 +9,6 @@ import os
 from typing import Any
 
 import jax
-import tensorflow as tf
 import tqdm
 
 # Peak dense bf16 FLOP/s of one device (vendor datasheets), matched against
@@ -55,6 +54,11 @@ class MetricWriter:
     self._bar = None
     if not enabled:
       return
+    # Imported here: the peaks and MFU helpers above serve code that runs
+    # where only JAX is installed (the bench's decode and matmul timings).
+    import tensorflow as tf  # noqa: PLC0415
+
+    self._scalar = tf.summary.scalar
     self._tb = tf.summary.create_file_writer(
       os.path.join(workdir, 'tensorboard')
     )
@@ -83,7 +87,7 @@ class MetricWriter:
     with self._tb.as_default(step=step):
       for k, v in clean.items():
         if v is not None:
-          tf.summary.scalar(k, v)
+          self._scalar(k, v)
     self._tb.flush()
     self._jsonl.write(json.dumps({'step': step, **clean}) + '\n')
     self._jsonl.flush()

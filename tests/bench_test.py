@@ -249,3 +249,22 @@ def test_export_lowers_cudnn_attention_off_a_gpu(tmp_path, tokenizer_path):
   c.model.attention_impl = 'auto'
   with pytest.raises(ValueError, match="attention_impl='auto'"):
     export.export_train(c, str(tmp_path / 'auto'), platform='cuda')
+
+
+def test_gpu_side_benchmarks_import_no_tensorflow():
+  # run_exported and --what=decode run on accelerator machines that have
+  # JAX but not the input stack (experiments/benchmarks/gpu/).
+  code = (
+    'import sys\n'
+    'class Block:\n'
+    '  def find_spec(self, name, path=None, target=None):\n'
+    "    if name.split('.')[0].startswith('tensorflow'):\n"
+    "      raise ImportError(f'{name} is blocked')\n"
+    'sys.meta_path.insert(0, Block())\n'
+    'import pretrain_lm.bench.run_exported, pretrain_lm.bench.decode\n'
+    'import pretrain_lm.bench.__main__\n'
+  )
+  out = subprocess.run(
+    [sys.executable, '-c', code], cwd=REPO, capture_output=True, text=True
+  )
+  assert out.returncode == 0, out.stderr[-2000:]
