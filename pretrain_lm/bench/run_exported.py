@@ -92,7 +92,7 @@ def run(directory: str, *, steps: int, warmup: int) -> dict:
     'device_kind': jax.devices()[0].device_kind,
     'jax': jax.__version__,
     'jax_exported_with': manifest['jax_exported_with'],
-    'prng_impl': manifest['prng_impl'],
+    'prng_impl': manifest.get('prng_impl', 'not recorded'),
     'host': platform.node(),
     'batch_size': manifest['batch_size'],
     'shapes': manifest['shapes'],
