@@ -12,7 +12,7 @@ import pytest
 from conftest import REPO, load_config
 
 from pretrain_lm import sharding, train
-from pretrain_lm.bench import peer, step
+from pretrain_lm.bench import peer, step, timing
 from pretrain_lm.convert import hf
 from pretrain_lm.data import tokenizer as tokenizer_lib
 from pretrain_lm.models import MODELS
@@ -77,7 +77,7 @@ def test_model_flops_are_the_compiled_steps_flops(family, tokenizer):
   assert dot_general_flops(lowered) == pytest.approx(model_flops, rel=1e-3)
   # ... and within 10% of all XLA counts after optimising (the rest is
   # element-wise work: norms, activations, dropout masks, Adam).
-  xla = step.xla_flops(lowered.compile())
+  xla = timing.xla_flops(lowered.compile())
   assert model_flops <= xla <= 1.10 * model_flops
 
 
@@ -251,20 +251,29 @@ def test_export_lowers_cudnn_attention_off_a_gpu(tmp_path, tokenizer_path):
     export.export_train(c, str(tmp_path / 'auto'), platform='cuda')
 
 
-def test_gpu_side_benchmarks_import_no_tensorflow():
-  # run_exported and --what=decode run on accelerator machines that have
-  # JAX but not the input stack (experiments/benchmarks/gpu/).
+def imports_without(blocked: tuple[str, ...], modules: str) -> None:
+  """Imports `modules` in a fresh Python where `blocked` packages fail."""
   code = (
     'import sys\n'
     'class Block:\n'
     '  def find_spec(self, name, path=None, target=None):\n'
-    "    if name.split('.')[0].startswith('tensorflow'):\n"
+    f"    if name.split('.')[0] in {blocked!r}:\n"
     "      raise ImportError(f'{name} is blocked')\n"
     'sys.meta_path.insert(0, Block())\n'
-    'import pretrain_lm.bench.run_exported, pretrain_lm.bench.decode\n'
-    'import pretrain_lm.bench.__main__\n'
+    f'import {modules}\n'
   )
   out = subprocess.run(
     [sys.executable, '-c', code], cwd=REPO, capture_output=True, text=True
   )
   assert out.returncode == 0, out.stderr[-2000:]
+
+
+def test_gpu_side_benchmarks_import_no_tensorflow():
+  # run_exported and --what=decode run on accelerator machines that have
+  # JAX but not the input stack (experiments/benchmarks/gpu/).
+  tf = ('tensorflow', 'tensorflow_text', 'tensorflow_datasets')
+  imports_without(
+    (*tf, 'ml_collections', 'flax', 'optax', 'orbax'),
+    'pretrain_lm.bench.run_exported',
+  )
+  imports_without(tf, 'pretrain_lm.bench.decode, pretrain_lm.bench.__main__')

@@ -24,7 +24,7 @@ import numpy as np
 import optax
 
 from pretrain_lm import bench, train
-from pretrain_lm.bench import step as step_lib
+from pretrain_lm.bench import timing
 from pretrain_lm.models import MODELS
 from pretrain_lm.models.config import ModelConfig
 
@@ -160,7 +160,7 @@ def bench_peer(
   start = time.perf_counter()
   compiled = step.lower(state, batch).compile()
   compile_s = time.perf_counter() - start
-  _, metrics, times = step_lib.time_steps(
+  _, metrics, times = timing.time_steps(
     compiled, state, batch, steps=steps, warmup=warmup
   )
   B, L = host_batch['input_ids'].shape
@@ -171,8 +171,8 @@ def bench_peer(
   flops = MODELS['encoder'].train_flops(cfg, shapes)
   return {
     'compile_s': compile_s,
-    **step_lib.step_figures(times, B * L, flops),
-    'xla_flops_per_token': step_lib.xla_flops(compiled) / (B * L),
+    **timing.step_figures(times, B * L, flops),
+    'xla_flops_per_token': timing.xla_flops(compiled) / (B * L),
     'loss': float(metrics['loss']),
     'params': sum(x.size for x in jax.tree.leaves(params)),
   }

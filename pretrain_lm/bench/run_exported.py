@@ -7,20 +7,21 @@ compiles the step with the state donated, and times it the way
 `python -m pretrain_lm.bench` does (each step waited for; the median of
 --steps after --warmup). Prints one JSON line per DIR with the bench's
 figures; MFU is against the datasheet peak the manifest lists for this
-device kind. Imports nothing else of pretrain_lm, so it runs where only
-JAX is installed.
+device kind. Of pretrain_lm it imports only bench.timing, so it runs
+where only JAX is installed.
 """
 
 import argparse
 import json
 import os
 import platform
-import statistics
 import sys
 import time
 
 import jax
 import numpy as np
+
+from pretrain_lm.bench import timing
 
 
 def load(directory: str):
@@ -62,24 +63,16 @@ def run(directory: str, *, steps: int, warmup: int) -> dict:
   compiled = jax.jit(step.call, donate_argnums=0).lower(leaves, batch).compile()
   compile_s = time.perf_counter() - start
   log(f'{directory}: compiled in {compile_s:.1f} s; timing')
-  times = []
-  for i in range(warmup + steps):
-    start = time.perf_counter()
-    leaves, metrics = compiled(leaves, batch)
-    jax.block_until_ready((leaves, metrics))
-    if i >= warmup:
-      times.append(time.perf_counter() - start)
+  _, metrics, times = timing.time_steps(
+    compiled, leaves, batch, steps=steps, warmup=warmup
+  )
   if int(metrics['skipped_total']):
     raise RuntimeError(
       f'{directory}: {int(metrics["skipped_total"])} steps had a non-finite '
       'loss or gradient: the figures would not be real steps.'
     )
-  step_s = statistics.median(times)
   tokens, flops = manifest['tokens_per_step'], manifest['model_flops_per_step']
-  cost = compiled.cost_analysis()
-  if isinstance(cost, list | tuple):
-    cost = cost[0]
-  memory = compiled.memory_analysis()
+  figures = timing.step_figures(times, tokens, flops)
   peak = datasheet_peak(manifest)
   result = {
     'what': 'train',
@@ -99,31 +92,16 @@ def run(directory: str, *, steps: int, warmup: int) -> dict:
     'tokens_per_step': tokens,
     'init_s': init_s,
     'compile_s': compile_s,
-    'step_s': step_s,
-    'step_s_min': min(times),
-    'steps_timed': len(times),
-    'tokens_per_s': tokens / step_s,
-    'model_flops_per_token': flops / tokens,
-    'achieved_tflops': flops / step_s / 1e12,
-    'xla_flops_per_token': float((cost or {}).get('flops', 0.0)) / tokens,
-    'memory_gib': (
-      (
-        memory.argument_size_in_bytes
-        + memory.output_size_in_bytes
-        - memory.alias_size_in_bytes
-        + memory.temp_size_in_bytes
-      )
-      / 2**30
-      if memory
-      else 0.0
-    ),
+    **figures,
+    'xla_flops_per_token': timing.xla_flops(compiled) / tokens,
+    'memory_gib': timing.peak_memory_gib(compiled),
     'pad_fraction': manifest['pad_fraction'],
     'loss': float(metrics['loss']),
   }
   if peak:
     result['peak_tflops'] = peak / 1e12
     result['peak_source'] = 'datasheet'
-    result['mfu'] = flops / step_s / peak
+    result['mfu'] = flops / figures['step_s'] / peak
   return result
 
 
