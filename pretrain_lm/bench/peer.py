@@ -14,7 +14,6 @@ keep the newer transformers the conversions are checked against.
 
 import os
 import sys
-import time
 from typing import Any
 
 import jax
@@ -157,11 +156,8 @@ def bench_peer(
   params = model.params
   state = (params, tx.init(params), jax.random.key(config.train.seed))
   step = jax.jit(train_step, donate_argnums=0)
-  start = time.perf_counter()
-  compiled = step.lower(state, batch).compile()
-  compile_s = time.perf_counter() - start
-  _, metrics, times = timing.time_steps(
-    compiled, state, batch, steps=steps, warmup=warmup
+  compiled, compile_s, metrics, times = timing.compile_and_time(
+    step, state, batch, steps=steps, warmup=warmup
   )
   B, L = host_batch['input_ids'].shape
   # The peer's model FLOPs: the same body, the head at all L positions.

@@ -58,19 +58,14 @@ def run(directory: str, *, steps: int, warmup: int) -> dict:
   start = time.perf_counter()
   leaves = jax.block_until_ready(jax.jit(init.call)(batch))
   init_s = time.perf_counter() - start  # compiling init, mostly
-  log(f'{directory}: compiling the step')
-  start = time.perf_counter()
-  compiled = jax.jit(step.call, donate_argnums=0).lower(leaves, batch).compile()
-  compile_s = time.perf_counter() - start
-  log(f'{directory}: compiled in {compile_s:.1f} s; timing')
-  _, metrics, times = timing.time_steps(
-    compiled, leaves, batch, steps=steps, warmup=warmup
+  log(f'{directory}: compiling and timing the step')
+  compiled, compile_s, metrics, times = timing.compile_and_time(
+    jax.jit(step.call, donate_argnums=0),
+    leaves,
+    batch,
+    steps=steps,
+    warmup=warmup,
   )
-  if int(metrics['skipped_total']):
-    raise RuntimeError(
-      f'{directory}: {int(metrics["skipped_total"])} steps had a non-finite '
-      'loss or gradient: the figures would not be real steps.'
-    )
   tokens, flops = manifest['tokens_per_step'], manifest['model_flops_per_step']
   figures = timing.step_figures(times, tokens, flops)
   peak = datasheet_peak(manifest)

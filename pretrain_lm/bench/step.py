@@ -5,7 +5,6 @@ donated train_step) on a real batch of the config's pipeline, timed alone:
 the input pipeline is measured separately (`--what=pipeline`).
 """
 
-import time
 from typing import Any
 
 import ml_collections
@@ -51,16 +50,8 @@ def bench_train(
   shapes = {k: v.shape for k, v in host_batch.items()}
   with trainer.context():
     batch = sharding.host_to_global(host_batch, trainer.mesh)
-    start = time.perf_counter()
-    compiled = trainer.train_step.lower(state, batch).compile()
-    compile_s = time.perf_counter() - start
-    state, metrics, times = timing.time_steps(
-      compiled, state, batch, steps=steps, warmup=warmup
-    )
-  if int(metrics['skipped_total']):
-    raise RuntimeError(
-      f'{int(metrics["skipped_total"])} of the timed steps had a '
-      'non-finite loss or gradient: the figures would not be real steps.'
+    compiled, compile_s, metrics, times = timing.compile_and_time(
+      trainer.train_step, state, batch, steps=steps, warmup=warmup
     )
   tokens = tokens_per_row(shapes) * config.data.batch_size
   flops = trainer.model.train_flops(trainer.model_config, shapes)

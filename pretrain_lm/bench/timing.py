@@ -32,6 +32,30 @@ def time_steps(
   return state, metrics, times
 
 
+def compile_and_time(
+  jitted: Any, state: Any, batch: Any, *, steps: int, warmup: int
+) -> tuple[jax.stages.Compiled, float, Any, list[float]]:
+  """Compiles `jitted` for (state, batch), then times it as time_steps does.
+
+  Returns the compiled step, the compile seconds, the last metrics and the
+  timed steps' seconds. Steps whose metrics count a skipped (non-finite)
+  update are not real steps: they raise.
+  """
+  start = time.perf_counter()
+  compiled = jitted.lower(state, batch).compile()
+  compile_s = time.perf_counter() - start
+  _, metrics, times = time_steps(
+    compiled, state, batch, steps=steps, warmup=warmup
+  )
+  skipped = int(metrics.get('skipped_total', 0))
+  if skipped:
+    raise RuntimeError(
+      f'{skipped} of the timed steps had a non-finite loss or gradient: '
+      'the figures would not be real steps.'
+    )
+  return compiled, compile_s, metrics, times
+
+
 def step_figures(
   times: list[float], tokens: int, flops: float
 ) -> dict[str, float]:
