@@ -64,8 +64,8 @@ def cudnn_off_gpu(version: int):
 
   jax asks the local cuDNN for its version and the local GPU for its
   compute capability before lowering the fused kernel; off a GPU there is
-  neither, so both answers are given (`version`, and a capable GPU). The
-  device that compiles the program checks its own cuDNN then.
+  neither, so both answers are given (`version`, and a capable GPU). XLA
+  on the GPU machine builds the kernel with that machine's cuDNN.
   """
   from jax._src.cudnn import fused_attention_stablehlo as fa  # noqa: PLC0415
 

@@ -38,6 +38,7 @@ def load(directory: str):
 
 
 def log(message: str) -> None:
+  """Progress on stderr with the time, so stdout keeps only the JSON."""
   print(f'[{time.strftime("%H:%M:%S")}] {message}', file=sys.stderr, flush=True)
 
 
