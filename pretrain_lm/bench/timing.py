@@ -1,4 +1,4 @@
-"""Step timing shared by the bench and run_exported: jax and numpy only.
+"""Step timing shared by the bench, its peer and run_exported: jax only.
 
 run_exported imports this on machines without our input stack, so nothing
 here may import TensorFlow or ml_collections.
