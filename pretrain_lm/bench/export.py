@@ -115,6 +115,7 @@ def export_train(
 
 
 def _export(config, workdir, platform, disabled, mesh):
+  """export_train's work, inside the cuDNN lowering context if any."""
   from pretrain_lm import metrics as metrics_lib  # noqa: PLC0415
   from pretrain_lm import sharding, train  # noqa: PLC0415
   from pretrain_lm.bench import step as step_lib  # noqa: PLC0415
