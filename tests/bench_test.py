@@ -51,6 +51,12 @@ def dot_general_flops(lowered: jax.stages.Lowered) -> float:
   return float(total)
 
 
+def one_device(c):
+  """The mesh a one-accelerator machine has: what the FLOP test
+  lowers for and the exported steps are exported for."""
+  return sharding.make_mesh(c.mesh, jax.devices()[:1])
+
+
 @pytest.fixture(scope='module')
 def tokenizer(tokenizer_path):
   return tokenizer_lib.load_tokenizer(tokenizer_path)
@@ -68,8 +74,7 @@ def test_model_flops_are_the_compiled_steps_flops(family, tokenizer):
     k: jax.ShapeDtypeStruct((c.data.batch_size, *s), np.dtype(d))
     for k, (s, d) in hf.batch_spec(c, tokenizer).items()
   }
-  mesh = sharding.make_mesh(c.mesh, jax.devices()[:1])
-  lowered = train.lower_train_step(c, mesh, shapes)
+  lowered = train.lower_train_step(c, one_device(c), shapes)
   model_flops = MODELS[c.model.family].train_flops(
     ModelConfig.from_config(c.model), {k: v.shape for k, v in shapes.items()}
   )
@@ -187,40 +192,37 @@ def test_bench_pipeline_and_decode():
     )
 
 
-def one_device(c):
-  """The mesh a one-accelerator machine has: the step is exported for it."""
-  return sharding.make_mesh(c.mesh, jax.devices()[:1])
-
-
-def exported_bert(tmp_path, tokenizer_path):
-  """A tiny BERT config on conftest's tokenizer, exported for the CPU."""
-  from pretrain_lm.bench import export  # noqa: PLC0415
-
+def tiny_bert(tokenizer_path, **model):
+  """A tiny BERT config on conftest's tokenizer, batch 4, for one device."""
   c = load_config('bert', 'size=tiny')
   c.data.tokenizer, c.model.vocab_size = tokenizer_path, 512
   c.data.batch_size, c.mesh.data = 4, 1
-  c.model.update(attention_impl='xla', attention_dropout_rate=0.0)
+  c.model.update(attention_dropout_rate=0.0, **model)
   step.first_stage(c)
-  out = export.export_train(
-    c, str(tmp_path / 'work'), platform='cpu', mesh=one_device(c)
-  )
-  export.write(str(tmp_path / 'exported'), *out)
-  return c, out[3]
+  return c
 
 
 def test_exported_step_is_the_trainers_step(tmp_path, tokenizer_path):
-  from pretrain_lm.bench import run_exported  # noqa: PLC0415
+  from pretrain_lm.bench import export, run_exported  # noqa: PLC0415
 
-  c, batch = exported_bert(tmp_path, tokenizer_path)
-  r = run_exported.run(str(tmp_path / 'exported'), steps=1, warmup=0)
-  # The Trainer's own first step on the same batch, from its own init.
+  c = tiny_bert(tokenizer_path, attention_impl='xla')
+  # No warmup: the first update is large enough for the second loss to show.
+  c.optimizer.warmup_steps, c.optimizer.learning_rate = 0, 1e-3
+  *out, batch = export.export_train(
+    c, str(tmp_path / 'work'), platform='cpu', mesh=one_device(c)
+  )
+  export.write(str(tmp_path / 'exported'), *out, batch)
+  # Two steps: the second's loss also checks the first step's update.
+  r = run_exported.run(str(tmp_path / 'exported'), steps=2, warmup=0)
+  # The Trainer's own two steps on the same batch, from its own init.
   trainer = train.Trainer(c, str(tmp_path / 'ref'), mesh=one_device(c))
   state = trainer.initial_state()
   with trainer.context():
-    _, metrics = trainer.train_step(
-      state, sharding.host_to_global(batch, trainer.mesh)
-    )
-  assert r['loss'] == pytest.approx(float(metrics['loss']), rel=1e-6)
+    global_batch = sharding.host_to_global(batch, trainer.mesh)
+    state, first = trainer.train_step(state, global_batch)
+    _, second = trainer.train_step(state, global_batch)
+  assert float(second['loss']) < float(first['loss'])  # the update happened
+  assert r['loss'] == pytest.approx(float(second['loss']), rel=1e-6)
   assert r['tokens_per_step'] == 4 * 128
   assert r['model_flops_per_token'] * r['tokens_per_step'] == pytest.approx(
     trainer.model.train_flops(
@@ -233,13 +235,7 @@ def test_exported_step_is_the_trainers_step(tmp_path, tokenizer_path):
 def test_export_lowers_cudnn_attention_off_a_gpu(tmp_path, tokenizer_path):
   from pretrain_lm.bench import export  # noqa: PLC0415
 
-  c = load_config('bert', 'size=tiny')
-  c.data.tokenizer, c.model.vocab_size = tokenizer_path, 512
-  c.data.batch_size, c.mesh.data = 4, 1
-  c.model.update(
-    attention_impl='cudnn', attention_dropout_rate=0.0, dtype='bfloat16'
-  )
-  step.first_stage(c)
+  c = tiny_bert(tokenizer_path, attention_impl='cudnn', dtype='bfloat16')
   _, _, exported, _ = export.export_train(
     c, str(tmp_path / 'work'), platform='cuda', mesh=one_device(c)
   )

@@ -116,7 +116,6 @@ def export_train(
 
 def _export(config, workdir, platform, disabled, mesh):
   """export_train's work, inside the cuDNN lowering context if any."""
-  from pretrain_lm import metrics as metrics_lib  # noqa: PLC0415
   from pretrain_lm import sharding, train  # noqa: PLC0415
   from pretrain_lm.bench import step as step_lib  # noqa: PLC0415
   from pretrain_lm.data import pipeline  # noqa: PLC0415
@@ -179,9 +178,6 @@ def _export(config, workdir, platform, disabled, mesh):
       trainer.model_config, shapes
     ),
     'pad_fraction': step_lib.pad_fraction(host_batch),
-    'state_leaves': len(leaves),
-    # The datasheet peaks MFU is taken against (metrics.PEAK_FLOPS).
-    'peak_flops': [list(p) for p in metrics_lib.PEAK_FLOPS],
   }
   return (
     manifest,

@@ -6,8 +6,9 @@ Deserializes DIR's init and step, builds the state on the default device,
 compiles the step with the state donated, and times it the way
 `python -m pretrain_lm.bench` does (each step waited for; the median of
 --steps after --warmup). Prints one JSON line per DIR with the bench's
-figures; MFU is against the datasheet peak the manifest lists for this
-device kind. Of pretrain_lm it imports only bench.timing, so it runs
+figures; MFU is against this device kind's datasheet peak
+(metrics.PEAK_FLOPS). Of pretrain_lm it imports only bench.timing and
+metrics (whose TensorFlow import waits for a MetricWriter), so it runs
 where only JAX is installed.
 """
 
@@ -21,6 +22,7 @@ import time
 import jax
 import numpy as np
 
+from pretrain_lm import metrics as metrics_lib
 from pretrain_lm.bench import timing
 
 
@@ -40,15 +42,6 @@ def load(directory: str):
 def log(message: str) -> None:
   """Progress on stderr with the time, so stdout keeps only the JSON."""
   print(f'[{time.strftime("%H:%M:%S")}] {message}', file=sys.stderr, flush=True)
-
-
-def datasheet_peak(manifest: dict) -> float | None:
-  """The manifest's peak FLOP/s for this device kind, per device."""
-  kind = jax.devices()[0].device_kind.lower()
-  for name, flops in manifest['peak_flops']:
-    if name.lower() in kind:
-      return float(flops)
-  return None
 
 
 def run(directory: str, *, steps: int, warmup: int) -> dict:
@@ -72,7 +65,7 @@ def run(directory: str, *, steps: int, warmup: int) -> dict:
   )
   tokens, flops = manifest['tokens_per_step'], manifest['model_flops_per_step']
   figures = timing.step_figures(times, tokens, flops)
-  peak = datasheet_peak(manifest)
+  peak = metrics_lib.peak_flops_per_device()
   result = {
     'what': 'train',
     'exported': directory,

@@ -6,8 +6,9 @@
 # Each step runs in its own process under a time limit, so one that fails
 # or hangs leaves the others' figures.
 export PYTHONUNBUFFERED=1
-# Steps that differ only in dropout share their initialisation's program:
-# compile it once (the step programs all differ, so compile_s is real).
+# Exports that differ only in dropout or the attention kernel have the same
+# initialisation program, byte for byte: compile it once (the step programs
+# all differ, so compile_s stays real).
 export JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:-/tmp/jax_cache}
 export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=1
 OUT=${OUT:-/tmp/gpu_out}
@@ -16,19 +17,12 @@ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm \
   --format=csv | tee "$OUT/machine.txt"
 python3 -c 'import jax, jaxlib; print("jax", jax.__version__, jax.devices())' \
   2>&1 | tee -a "$OUT/machine.txt"
-# The datasheet peak is what MFU is taken against; this matmul is context.
-python3 - <<'PY' 2>&1 | tee -a "$OUT/machine.txt"
-import time, jax, jax.numpy as jnp
-n = 8192
-a, b = (jax.random.normal(jax.random.key(i), (n, n), jnp.bfloat16) for i in (0, 1))
-f = jax.jit(lambda a, b: a @ b)
-f(a, b).block_until_ready()
-ts = []
-for _ in range(20):
-  t = time.perf_counter(); f(a, b).block_until_ready(); ts.append(time.perf_counter() - t)
-ts.sort()
-print(f"bf16 matmul {n}^3: {2 * n**3 / ts[len(ts) // 2] / 1e12:.0f} TFLOP/s (median of 20)")
-PY
+# The datasheet peak is what MFU is taken against; XLA's best bf16 matmul
+# on the same card (bench/peak.py: fastest of 5 calls) is context.
+python3 -c 'from pretrain_lm.bench import peak
+tflops = peak.xla_matmul_flops("bfloat16", sizes=(8192,)) / 1e12
+print(f"XLA bf16 matmul 8192^3: {tflops:.0f} TFLOP/s (fastest of 5)")' \
+  2>&1 | grep -v '^W0000\|^I0000' | tee -a "$OUT/machine.txt"
 for d in "$@"; do
   echo "== $d"
   timeout "${STEP_TIMEOUT:-300}" python3 -m pretrain_lm.bench.run_exported \
