@@ -4,14 +4,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.extend import random as jex_random
 
 from pretrain_lm.models import layers
 
 
-def drop(x, rate, seed=0, deterministic=False):
-  return layers.Dropout(rate).apply(
-    {}, x, deterministic, rngs={'dropout': jax.random.key(seed)}
-  )
+def drop(x, rate, seed=0, deterministic=False, key=None):
+  key = jax.random.key(seed) if key is None else key
+  return layers.Dropout(rate).apply({}, x, deterministic, rngs={'dropout': key})
 
 
 @pytest.mark.parametrize('rate', [0.1, 0.5, 0.9])
@@ -31,18 +31,74 @@ def test_drops_each_element_with_the_rate_and_rescales_the_rest(rate):
   assert abs(y.mean() - 1) < 5 * np.sqrt(rate / (1 - rate) / n)
 
 
-def test_elements_sharing_a_random_word_are_independent():
-  """Both halves of each 32-bit word decide separately (and every word is
-  used): neighbours are dropped together with probability rate^2."""
+def test_elements_sharing_a_hash_are_independent():
+  """The four draws of one threefry hash (two halves of each of its two
+  words) decide separately: any two are dropped together with probability
+  rate^2, and none is a copy or the complement of another."""
   rate = 0.5
   y = np.asarray(drop(jnp.ones((256, 4096)), rate)) == 0
-  even, odd = y[:, 0::2], y[:, 1::2]
-  both = (even & odd).mean()
-  assert abs(both - rate**2) < 5 * np.sqrt(rate**2 * (1 - rate**2) / even.size)
-  # Neither half is a copy or the complement of the other.
-  assert 0.4 < (even == odd).mean() < 0.6
+  draws = [y[:, i::4] for i in range(4)]
+  for i in range(4):
+    for j in range(i + 1, 4):
+      a, b = draws[i], draws[j]
+      both = (a & b).mean()
+      assert abs(both - rate**2) < 5 * np.sqrt(rate**2 * (1 - rate**2) / a.size)
+      assert 0.4 < (a == b).mean() < 0.6
   # Rows differ: each row draws its own words.
   assert (y[0] != y[1]).any()
+
+
+def test_threefry_hash_matches_jax():
+  rng = np.random.default_rng(0)
+  for _ in range(3):
+    k1, k2 = (jnp.uint32(v) for v in rng.integers(0, 2**32, 2))
+    x1, x2 = (
+      jnp.asarray(rng.integers(0, 2**32, 4096), jnp.uint32) for _ in '12'
+    )
+    ours = layers.threefry2x32(k1, k2, x1, x2)
+    theirs = jex_random.threefry2x32_p.bind(k1, k2, x1, x2)
+    for a, b in zip(ours, theirs, strict=True):
+      np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize('key', [jax.random.key(7), jax.random.PRNGKey(7)])
+def test_random_words_hash_row_and_column(key):
+  """Words 2c and 2c + 1 of row r (the flattened leading index) are the two
+  outputs of one hash of the counter (r, c): every hash used once."""
+  words = np.asarray(layers.random_words(key, (3, 5, 8)))
+  k1, k2 = np.asarray(jax.random.key_data(key) if key.ndim == 0 else key)
+  rows, cols = np.meshgrid(np.arange(15), np.arange(4), indexing='ij')
+  expected = jex_random.threefry2x32_p.bind(
+    jnp.uint32(k1),
+    jnp.uint32(k2),
+    jnp.asarray(rows, jnp.uint32),
+    jnp.asarray(cols, jnp.uint32),
+  )
+  np.testing.assert_array_equal(
+    words.reshape(15, 4, 2), np.stack(expected, axis=-1)
+  )
+
+
+def test_other_prng_implementations_draw_through_jax_random_bits():
+  key = jax.random.key(3, impl='unsafe_rbg')
+  np.testing.assert_array_equal(
+    layers.random_words(key, (4, 6)), jax.random.bits(key, (4, 6), jnp.uint32)
+  )
+  y = np.asarray(drop(jnp.ones((64, 1024)), 0.25, seed=None, key=key))
+  assert abs((y == 0).mean() - 0.25) < 0.01
+
+
+def test_mask_does_not_depend_on_the_sharding():
+  devices = np.array(jax.devices()).reshape(4, 2)
+  mesh = jax.sharding.Mesh(devices, ('data', 'model'))
+  spec = jax.sharding.NamedSharding(
+    mesh, jax.sharding.PartitionSpec('data', None, 'model')
+  )
+  draw = lambda key: layers.keep_mask(key, (8, 16, 64), 0.9)[0]
+  key = jax.random.key(11)
+  sharded = jax.jit(draw, out_shardings=spec)(key)
+  assert len(sharded.sharding.device_set) == 8
+  np.testing.assert_array_equal(sharded, jax.jit(draw)(key))
 
 
 def test_masks_follow_the_rng_and_deterministic_is_the_identity():

@@ -10,9 +10,17 @@ more than a lever is worth between two separate `pretrain_lm.bench` runs;
 alternating within one process lets the drift hit every variant alike.
 Prints each variant's median step and, per round, its ratio to the first.
 
-Variants: `flax` (jax.random.bernoulli, one 32-bit threefry word per
-element, as flax's nn.Dropout draws them) and a number of bits per element
-(`16`, the default of layers.DROPOUT_BITS; `8`).
+Variants:
+- `flax`: jax.random.bernoulli, one threefry hash per element, as flax's
+  nn.Dropout draws them;
+- a number of bits per element: `16` (layers.DROPOUT_BITS, the default)
+  or `8`;
+- `16xor`: 16-bit draws from jax.random.bits, which XORs each hash's two
+  words into one (layers.random_words keeps both; the default until it);
+- `16loop`: both words, hashed by jax's threefry2x32 primitive (a 5-step
+  loop on CPU) instead of layers.threefry2x32;
+- `none`: no masks at all, the floor that no draw can beat (it changes the
+  model: dropout off).
 """
 
 import argparse
@@ -25,6 +33,8 @@ import time
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 
 import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+from jax.extend import random as jex_random  # noqa: E402
 
 from pretrain_lm import configlib, sharding, train  # noqa: E402
 from pretrain_lm.bench import step  # noqa: E402
@@ -37,18 +47,36 @@ def flax_mask(rng, shape, keep_prob):
   return jax.random.bernoulli(rng, keep_prob, shape), keep_prob
 
 
+def xor_words(rng, shape):
+  """jax.random.bits' words: one per hash, its two outputs XORed."""
+  return jax.random.bits(rng, shape, jnp.uint32)
+
+
+def looped_hash(k1, k2, x1, x2):
+  """jax's threefry2x32 primitive (a 5-step loop on CPU)."""
+  return jex_random.threefry2x32_p.bind(k1, k2, x1, x2)
+
+
 def compile_variant(trainer, state, batch, variant: str):
   """The train step compiled with `variant`'s keep_mask."""
-  ours, bits = layers.keep_mask, layers.DROPOUT_BITS
+  patched = ('keep_mask', 'DROPOUT_BITS', 'random_words', 'threefry2x32')
+  saved = {name: getattr(layers, name) for name in patched}
   if variant == 'flax':
     layers.keep_mask = flax_mask
+  elif variant == '16xor':
+    layers.random_words = xor_words
+  elif variant == 'none':
+    layers.keep_mask = lambda rng, shape, keep_prob: (True, 1.0)
+  elif variant == '16loop':
+    layers.threefry2x32 = looped_hash
   else:
     layers.DROPOUT_BITS = int(variant)
   try:
     jax.clear_caches()  # retrace: the patch is invisible to jit's cache
     return trainer.train_step.lower(state, batch).compile()
   finally:
-    layers.keep_mask, layers.DROPOUT_BITS = ours, bits
+    for name, value in saved.items():
+      setattr(layers, name, value)
 
 
 def main():
