@@ -86,6 +86,25 @@ def test_model_flops_are_the_compiled_steps_flops(family, tokenizer):
   assert model_flops <= xla <= 1.10 * model_flops
 
 
+def test_runs_are_timed_in_turn_and_skipped_steps_raise():
+  calls = []
+
+  def fake_step(name, skipped=0):
+    def call(state, batch):
+      calls.append(name)
+      return state + 1, {'loss': 0.0, 'skipped_total': skipped}
+
+    return timing.Run(call, 0, None, compile_s=0.0)
+
+  a, b = fake_step('a'), fake_step('b')
+  timing.time_in_turn([a, b], steps=3, warmup=1)
+  # Every other round reversed: drift between rounds hits both alike.
+  assert calls == ['a', 'b', 'b', 'a', 'a', 'b', 'b', 'a']
+  assert (a.state, len(a.times), len(b.times)) == (4, 3, 3)
+  with pytest.raises(RuntimeError, match='non-finite'):
+    timing.time_in_turn([a, fake_step('c', skipped=1)], steps=1, warmup=0)
+
+
 def test_peer_labels_put_the_masked_ids_at_their_positions():
   batch = {
     'input_ids': np.zeros((2, 6), np.int32),

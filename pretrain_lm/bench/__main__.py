@@ -14,7 +14,8 @@ Runs on whatever backend JAX finds, prints a table, then one JSON line.
   positions only). The peak is the datasheet's on GPU/TPU and, on CPU, the
   best float32/bf16 matmul XLA reaches in this process (bench/peak.py).
   For BERT-like masked LMs the peer, Hugging Face's Flax BERT, is timed on
-  the same batch (bench/peer.py).
+  the same batch (bench/peer.py), one step of each in turn, so that a
+  machine whose speed drifts slows both alike.
 - pipeline: tokens/s of the training input pipeline from raw text and from
   cached token ids, per core, and the fraction of non-pad tokens.
 - decode: a decoder's KV-cached generation against full recomputation.
@@ -130,31 +131,31 @@ def set_batch(config) -> None:
 
 
 def run_train(config, workdir: str) -> dict:
-  """Our step, its MFU, and the peer's step on the same batch."""
-  from pretrain_lm.bench import peak, peer, step  # noqa: PLC0415
+  """Our step, its MFU, and the peer's step on the same batch, in turn."""
+  from pretrain_lm.bench import peak, peer, step, timing  # noqa: PLC0415
 
   sizes = tuple(int(n) for n in _PEAK_SIZES.value) or peak.SIZES
   result = peak.peaks(config.model.dtype, sizes)
-  ours, host_batch = step.bench_train(
-    config, workdir, steps=_STEPS.value, warmup=_WARMUP.value
-  )
-  result.update(ours)
+  ours = step.TrainBench(config, workdir)
+  why_not = peer.unavailable(config) if _PEER.value == 'auto' else 'off'
+  theirs = None if why_not else peer.PeerBench(config, ours.host_batch)
+  runs = [ours.run] + ([theirs.run] if theirs else [])
+  logging.info('Timing %d steps of %d run(s) in turn.', _STEPS.value, len(runs))
+  timing.time_in_turn(runs, steps=_STEPS.value, warmup=_WARMUP.value)
+  result.update(ours.figures())
   result['mfu'] = result['achieved_tflops'] / result['peak_tflops']
   if 'best_matmul_tflops' in result:
     result['mfu_vs_best_matmul'] = (
       result['achieved_tflops'] / result['best_matmul_tflops']
     )
-  why_not = peer.unavailable(config) if _PEER.value == 'auto' else 'off'
-  if why_not:
+  if not theirs:
     result['peer'] = f'none ({why_not})'
     return result
-  theirs = peer.bench_peer(
-    config, host_batch, steps=_STEPS.value, warmup=_WARMUP.value
-  )
+  figures = theirs.figures()
   result['peer'] = peer.NAME
-  result.update({f'peer_{k}': v for k, v in theirs.items()})
-  result['peer_mfu'] = theirs['achieved_tflops'] / result['peak_tflops']
-  result['speedup_vs_peer'] = result['tokens_per_s'] / theirs['tokens_per_s']
+  result.update({f'peer_{k}': v for k, v in figures.items()})
+  result['peer_mfu'] = figures['achieved_tflops'] / result['peak_tflops']
+  result['speedup_vs_peer'] = result['tokens_per_s'] / figures['tokens_per_s']
   return result
 
 

@@ -105,14 +105,42 @@ def labels_from(batch: dict[str, np.ndarray]) -> tuple[np.ndarray, ...]:
   return labels, weights
 
 
-def bench_peer(
-  config: ml_collections.ConfigDict,
-  host_batch: dict[str, np.ndarray],
-  *,
-  steps: int,
-  warmup: int,
-) -> dict[str, Any]:
-  """Times the peer's train step on `host_batch` (one device, no mesh)."""
+class PeerBench:
+  """The peer's train step on `host_batch` (one device, no mesh), compiled.
+
+  Time `run` in turn with ours (timing.time_in_turn), then read
+  `figures()`.
+  """
+
+  def __init__(
+    self, config: ml_collections.ConfigDict, host_batch: dict[str, np.ndarray]
+  ):
+    self.run, self.params = _compile(config, host_batch)
+    B, L = host_batch['input_ids'].shape
+    self.tokens = B * L
+    # The peer's model FLOPs: the same body, the head at all L positions.
+    shapes = {k: v.shape for k, v in host_batch.items()}
+    shapes['masked_positions'] = (B, L)
+    cfg = ModelConfig.from_config(config.model)
+    self.flops = MODELS['encoder'].train_flops(cfg, shapes)
+
+  def figures(self) -> dict[str, Any]:
+    """Step time, throughput and FLOPs of the timed `run`."""
+    run = self.run
+    return {
+      'compile_s': run.compile_s,
+      **timing.step_figures(run.times, self.tokens, self.flops),
+      'xla_flops_per_token': timing.xla_flops(run.step) / self.tokens,
+      'loss': float(run.metrics['loss']),
+      'params': self.params,
+    }
+
+
+def _compile(
+  config: ml_collections.ConfigDict, host_batch: dict[str, np.ndarray]
+) -> tuple[timing.Run, int]:
+  """The peer's jitted, donated train step compiled for `host_batch`, and
+  its parameter count."""
   transformers = _import_transformers()
   model = transformers.FlaxBertForMaskedLM(
     hf_config(config, transformers), seed=config.train.seed
@@ -156,19 +184,5 @@ def bench_peer(
   params = model.params
   state = (params, tx.init(params), jax.random.key(config.train.seed))
   step = jax.jit(train_step, donate_argnums=0)
-  compiled, compile_s, metrics, times = timing.compile_and_time(
-    step, state, batch, steps=steps, warmup=warmup
-  )
-  B, L = host_batch['input_ids'].shape
-  # The peer's model FLOPs: the same body, the head at all L positions.
-  shapes = {k: v.shape for k, v in host_batch.items()}
-  shapes['masked_positions'] = (B, L)
-  cfg = ModelConfig.from_config(config.model)
-  flops = MODELS['encoder'].train_flops(cfg, shapes)
-  return {
-    'compile_s': compile_s,
-    **timing.step_figures(times, B * L, flops),
-    'xla_flops_per_token': timing.xla_flops(compiled) / (B * L),
-    'loss': float(metrics['loss']),
-    'params': sum(x.size for x in jax.tree.leaves(params)),
-  }
+  count = sum(x.size for x in jax.tree.leaves(params))
+  return timing.compile_run(step, state, batch), count

@@ -56,15 +56,12 @@ def run(directory: str, *, steps: int, warmup: int) -> dict:
   leaves = jax.block_until_ready(init_compiled(batch))
   init_run_s = time.perf_counter() - start
   log(f'{directory}: compiling and timing the step')
-  compiled, compile_s, metrics, times = timing.compile_and_time(
-    jax.jit(step.call, donate_argnums=0),
-    leaves,
-    batch,
-    steps=steps,
-    warmup=warmup,
+  timed = timing.compile_run(
+    jax.jit(step.call, donate_argnums=0), leaves, batch
   )
+  timing.time_in_turn([timed], steps=steps, warmup=warmup)
   tokens, flops = manifest['tokens_per_step'], manifest['model_flops_per_step']
-  figures = timing.step_figures(times, tokens, flops)
+  figures = timing.step_figures(timed.times, tokens, flops)
   peak = metrics_lib.peak_flops_per_device()
   result = {
     'what': 'train',
@@ -84,12 +81,12 @@ def run(directory: str, *, steps: int, warmup: int) -> dict:
     'tokens_per_step': tokens,
     'init_compile_s': init_compile_s,
     'init_run_s': init_run_s,
-    'compile_s': compile_s,
+    'compile_s': timed.compile_s,
     **figures,
-    'xla_flops_per_token': timing.xla_flops(compiled) / tokens,
-    'memory_gib': timing.peak_memory_gib(compiled),
+    'xla_flops_per_token': timing.xla_flops(timed.step) / tokens,
+    'memory_gib': timing.peak_memory_gib(timed.step),
     'pad_fraction': manifest['pad_fraction'],
-    'loss': float(metrics['loss']),
+    'loss': float(timed.metrics['loss']),
   }
   if peak:
     result['peak_tflops'] = peak / 1e12

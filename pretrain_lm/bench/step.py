@@ -38,32 +38,39 @@ def pad_fraction(batch: dict[str, np.ndarray]) -> float:
   return 0.0
 
 
-def bench_train(
-  config: ml_collections.ConfigDict, workdir: str, *, steps: int, warmup: int
-) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-  """Times `config`'s train step; returns (figures, the host batch used)."""
-  trainer = train.Trainer(config, workdir)
-  state = trainer.initial_state()
-  host_batch = next(
-    pipeline.train_dataset(config, trainer.tokenizer).as_numpy_iterator()
-  )
-  shapes = {k: v.shape for k, v in host_batch.items()}
-  with trainer.context():
-    batch = sharding.host_to_global(host_batch, trainer.mesh)
-    compiled, compile_s, metrics, times = timing.compile_and_time(
-      trainer.train_step, state, batch, steps=steps, warmup=warmup
+class TrainBench:
+  """Our train step on one real batch of the config's pipeline, compiled.
+
+  Time `run` (timing.time_in_turn: alone, or in turn with the peer's),
+  then read `figures()`.
+  """
+
+  def __init__(self, config: ml_collections.ConfigDict, workdir: str):
+    trainer = train.Trainer(config, workdir)
+    state = trainer.initial_state()
+    self.host_batch = next(
+      pipeline.train_dataset(config, trainer.tokenizer).as_numpy_iterator()
     )
-  tokens = tokens_per_row(shapes) * config.data.batch_size
-  flops = trainer.model.train_flops(trainer.model_config, shapes)
-  result = {
-    'batch_size': config.data.batch_size,
-    'seq_len': config.data.seq_len,
-    'tokens_per_step': tokens,
-    'compile_s': compile_s,
-    **timing.step_figures(times, tokens, flops),
-    'xla_flops_per_token': timing.xla_flops(compiled) / tokens,
-    'memory_gib': timing.peak_memory_gib(compiled),
-    'pad_fraction': pad_fraction(host_batch),
-    'loss': float(metrics['loss']),
-  }
-  return result, host_batch
+    shapes = {k: v.shape for k, v in self.host_batch.items()}
+    with trainer.context():
+      batch = sharding.host_to_global(self.host_batch, trainer.mesh)
+      self.run = timing.compile_run(trainer.train_step, state, batch)
+    self.batch_size = config.data.batch_size
+    self.seq_len = config.data.seq_len
+    self.tokens = tokens_per_row(shapes) * self.batch_size
+    self.flops = trainer.model.train_flops(trainer.model_config, shapes)
+
+  def figures(self) -> dict[str, Any]:
+    """Step time, throughput, FLOPs and memory of the timed `run`."""
+    run = self.run
+    return {
+      'batch_size': self.batch_size,
+      'seq_len': self.seq_len,
+      'tokens_per_step': self.tokens,
+      'compile_s': run.compile_s,
+      **timing.step_figures(run.times, self.tokens, self.flops),
+      'xla_flops_per_token': timing.xla_flops(run.step) / self.tokens,
+      'memory_gib': timing.peak_memory_gib(run.step),
+      'pad_fraction': pad_fraction(self.host_batch),
+      'loss': float(run.metrics['loss']),
+    }

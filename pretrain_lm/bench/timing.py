@@ -4,56 +4,61 @@ run_exported imports this on machines without our input stack, so nothing
 here may import TensorFlow or ml_collections.
 """
 
+import dataclasses
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
 
 
-def time_steps(
-  step: Callable, state: Any, batch: Any, *, steps: int, warmup: int
-) -> tuple[Any, Any, list[float]]:
-  """Runs warmup + steps calls of `step(state, batch)`, timing the last.
+@dataclasses.dataclass
+class Run:
+  """A compiled step with its state and batch, and what timing it gave."""
 
-  Returns the final state, the last metrics and the timed steps' seconds.
+  step: Callable
+  state: Any
+  batch: Any
+  compile_s: float
+  metrics: Any = None
+  times: list[float] = dataclasses.field(default_factory=list)
+
+
+def compile_run(jitted: Any, state: Any, batch: Any) -> Run:
+  """Compiles `jitted` for (state, batch), timing the compile."""
+  start = time.perf_counter()
+  compiled = jitted.lower(state, batch).compile()
+  return Run(compiled, state, batch, time.perf_counter() - start)
+
+
+def time_in_turn(runs: Sequence[Run], *, steps: int, warmup: int) -> None:
+  """Runs warmup + steps rounds of one step of each run, timing the last.
+
+  Every other round goes in reverse order. On a machine whose speed drifts
+  (a shared VM), timing one run after the other credits the drift to one
+  of them; in turn, it slows each alike and their ratio holds.
 
   Each call is waited for, so each time is one step's; dispatch overhead,
   which the training loop hides by running a step ahead, is included.
+  Updates each run's state, metrics (the last step's) and times. Steps
+  whose metrics count a skipped (non-finite) update are not real steps:
+  they raise.
   """
-  times = []
   for i in range(warmup + steps):
-    start = time.perf_counter()
-    state, metrics = step(state, batch)
-    jax.block_until_ready((state, metrics))
-    if i >= warmup:
-      times.append(time.perf_counter() - start)
-  return state, metrics, times
-
-
-def compile_and_time(
-  jitted: Any, state: Any, batch: Any, *, steps: int, warmup: int
-) -> tuple[jax.stages.Compiled, float, Any, list[float]]:
-  """Compiles `jitted` for (state, batch), then times it as time_steps does.
-
-  Returns the compiled step, the compile seconds, the last metrics and the
-  timed steps' seconds. Steps whose metrics count a skipped (non-finite)
-  update are not real steps: they raise.
-  """
-  start = time.perf_counter()
-  compiled = jitted.lower(state, batch).compile()
-  compile_s = time.perf_counter() - start
-  _, metrics, times = time_steps(
-    compiled, state, batch, steps=steps, warmup=warmup
-  )
-  skipped = int(metrics.get('skipped_total', 0))
-  if skipped:
-    raise RuntimeError(
-      f'{skipped} of the timed steps had a non-finite loss or gradient: '
-      'the figures would not be real steps.'
-    )
-  return compiled, compile_s, metrics, times
+    for run in runs if i % 2 == 0 else runs[::-1]:
+      start = time.perf_counter()
+      run.state, run.metrics = run.step(run.state, run.batch)
+      jax.block_until_ready((run.state, run.metrics))
+      if i >= warmup:
+        run.times.append(time.perf_counter() - start)
+  for run in runs:
+    skipped = int(run.metrics.get('skipped_total', 0))
+    if skipped:
+      raise RuntimeError(
+        f'{skipped} of the timed steps had a non-finite loss or gradient: '
+        'the figures would not be real steps.'
+      )
 
 
 def step_figures(
