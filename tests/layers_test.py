@@ -84,7 +84,7 @@ def test_other_prng_implementations_draw_through_jax_random_bits():
   np.testing.assert_array_equal(
     layers.random_words(key, (4, 6)), jax.random.bits(key, (4, 6), jnp.uint32)
   )
-  y = np.asarray(drop(jnp.ones((64, 1024)), 0.25, seed=None, key=key))
+  y = np.asarray(drop(jnp.ones((64, 1024)), 0.25, key=key))
   assert abs((y == 0).mean() - 0.25) < 0.01
 
 

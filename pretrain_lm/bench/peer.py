@@ -115,7 +115,7 @@ class PeerBench:
   def __init__(
     self, config: ml_collections.ConfigDict, host_batch: dict[str, np.ndarray]
   ):
-    self.run, self.params = _compile(config, host_batch)
+    self.run, self.param_count = _compile(config, host_batch)
     B, L = host_batch['input_ids'].shape
     self.tokens = B * L
     # The peer's model FLOPs: the same body, the head at all L positions.
@@ -132,7 +132,7 @@ class PeerBench:
       **timing.step_figures(run.times, self.tokens, self.flops),
       'xla_flops_per_token': timing.xla_flops(run.step) / self.tokens,
       'loss': float(run.metrics['loss']),
-      'params': self.params,
+      'params': self.param_count,
     }
 
 

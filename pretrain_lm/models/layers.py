@@ -131,12 +131,13 @@ DROPOUT_BITS = 16
 
 
 def random_words(rng: Array, shape: tuple[int, ...]) -> Array:
-  """Uniform uint32 words of `shape` (last dim even), two per threefry hash.
+  """Uniform uint32 words of `shape`, two per threefry hash.
 
   Each hash's counter is (row, column) of the [rows, shape[-1] / 2] grid of
   hashes, so the draw is elementwise and shards as the array does, like
   jax's partitionable threefry. Keys of other PRNG implementations (e.g.
-  unsafe_rbg) draw through jax.random.bits.
+  unsafe_rbg), an odd last dim, or 2^32 rows or more draw through
+  jax.random.bits instead.
   """
   typed = jnp.issubdtype(rng.dtype, jax.dtypes.prng_key)
   impl = str(jax.random.key_impl(rng)) if typed else 'threefry2x32'
