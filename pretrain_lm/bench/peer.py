@@ -125,13 +125,9 @@ class PeerBench:
     self.flops = MODELS['encoder'].train_flops(cfg, shapes)
 
   def figures(self) -> dict[str, Any]:
-    """Step time, throughput and FLOPs of the timed `run`."""
-    run = self.run
+    """Step time, throughput, FLOPs and memory of the timed `run`."""
     return {
-      'compile_s': run.compile_s,
-      **timing.step_figures(run.times, self.tokens, self.flops),
-      'xla_flops_per_token': timing.xla_flops(run.step) / self.tokens,
-      'loss': float(run.metrics['loss']),
+      **timing.run_figures(self.run, self.tokens, self.flops),
       'params': self.param_count,
     }
 

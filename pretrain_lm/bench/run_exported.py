@@ -61,7 +61,7 @@ def run(directory: str, *, steps: int, warmup: int) -> dict:
   )
   timing.time_in_turn([timed], steps=steps, warmup=warmup)
   tokens, flops = manifest['tokens_per_step'], manifest['model_flops_per_step']
-  figures = timing.step_figures(timed.times, tokens, flops)
+  figures = timing.run_figures(timed, tokens, flops)
   peak = metrics_lib.peak_flops_per_device()
   result = {
     'what': 'train',
@@ -81,12 +81,8 @@ def run(directory: str, *, steps: int, warmup: int) -> dict:
     'tokens_per_step': tokens,
     'init_compile_s': init_compile_s,
     'init_run_s': init_run_s,
-    'compile_s': timed.compile_s,
     **figures,
-    'xla_flops_per_token': timing.xla_flops(timed.step) / tokens,
-    'memory_gib': timing.peak_memory_gib(timed.step),
     'pad_fraction': manifest['pad_fraction'],
-    'loss': float(timed.metrics['loss']),
   }
   if peak:
     result['peak_tflops'] = peak / 1e12

@@ -62,15 +62,10 @@ class TrainBench:
 
   def figures(self) -> dict[str, Any]:
     """Step time, throughput, FLOPs and memory of the timed `run`."""
-    run = self.run
     return {
       'batch_size': self.batch_size,
       'seq_len': self.seq_len,
       'tokens_per_step': self.tokens,
-      'compile_s': run.compile_s,
-      **timing.step_figures(run.times, self.tokens, self.flops),
-      'xla_flops_per_token': timing.xla_flops(run.step) / self.tokens,
-      'memory_gib': timing.peak_memory_gib(run.step),
+      **timing.run_figures(self.run, self.tokens, self.flops),
       'pad_fraction': pad_fraction(self.host_batch),
-      'loss': float(run.metrics['loss']),
     }

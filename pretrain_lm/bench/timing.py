@@ -76,6 +76,18 @@ def step_figures(
   }
 
 
+def run_figures(run: Run, tokens: int, flops: float) -> dict[str, float]:
+  """A timed run's compile and step times, throughput, XLA's FLOP count,
+  memory and last loss: what the bench, its peer and run_exported report."""
+  return {
+    'compile_s': run.compile_s,
+    **step_figures(run.times, tokens, flops),
+    'xla_flops_per_token': xla_flops(run.step) / tokens,
+    'memory_gib': peak_memory_gib(run.step),
+    'loss': float(run.metrics['loss']),
+  }
+
+
 def xla_flops(compiled: jax.stages.Compiled) -> float:
   """XLA's own count of the compiled program's FLOPs (cost analysis)."""
   cost = compiled.cost_analysis()
