@@ -1,6 +1,7 @@
 """The encoder and its MLM head against reference counts and definitions."""
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -49,23 +50,38 @@ def test_parameter_count_matches_bert(size, reference):
 def test_flops_formula_counts_every_matmul_weight():
   cfg = bert('base')
   params = abstract_params(cfg)
-  layer_weights = sum(
+  layer = params['encoder']['layer_0']
+  weights = sum(
     x.size
-    for path, x in jax.tree_util.tree_leaves_with_path(params['encoder'])
+    for path, x in jax.tree_util.tree_leaves_with_path(layer)
     if 'kernel' in jax.tree_util.keystr(path)
+  )
+  kv_weights = (
+    layer['attention']['key_kernel'].size
+    + layer['attention']['value_kernel'].size
   )
   head_weights = (
     params['mlm_head']['transform_kernel'].size
     + params['token_embed']['embedding'].size
   )
   batch, seq_len, preds = 2, 128, 20
-  attention = 12 * cfg.num_layers * seq_len * cfg.num_heads * cfg.head_dim
-  per_token = 6 * layer_weights + attention + 6 * head_weights * preds / seq_len
+  attention = 12 * seq_len * cfg.num_heads * cfg.head_dim  # per query
+  below = (cfg.num_layers - 1) * (6 * weights + attention) * seq_len
+  # The last layer's keys and values at every position, the rest of it
+  # (and the head) only at the predicted ones.
+  last = (
+    6 * kv_weights * seq_len + (6 * (weights - kv_weights) + attention) * preds
+  )
+  per_row = below + last + 6 * head_weights * preds
   shapes = {'input_ids': (batch, seq_len), 'masked_positions': (batch, preds)}
   got = MODELS['encoder'].train_flops(cfg, shapes)
-  assert got == pytest.approx(batch * seq_len * per_token, rel=1e-6)
+  assert got == pytest.approx(batch * per_row, rel=1e-6)
   # The familiar rule of thumb: ~6 FLOPs per non-embedding weight per token.
   assert got / (batch * seq_len) == pytest.approx(6 * 85e6, rel=0.1)
+  # Without predictions every layer runs at every position.
+  full = MODELS['encoder'].train_flops(cfg, {'input_ids': (batch, seq_len)})
+  per_token = cfg.num_layers * (6 * weights + attention)
+  assert full == pytest.approx(batch * seq_len * per_token, rel=1e-6)
 
 
 def test_pre_ln_normalises_at_the_end():
@@ -111,8 +127,67 @@ def test_mlm_logits_are_the_full_logits_at_the_masked_positions():
   np.testing.assert_allclose(out['mlm_logits'], want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize(
+  'variant',
+  [
+    {},  # BERT: post-LN, learned positions
+    dict(norm_position='pre', embed_norm=False, position='rotary'),
+    dict(norm_position='pre', embed_norm=False, position='relative'),
+  ],
+)
+def test_last_layer_at_the_predictions_is_the_full_layer_gathered(variant):
+  model, params, batch = small_model_and_batch(pooler=True, **variant)
+  # Row 0 packs two documents; NSP labels make the pooler read [CLS].
+  segments = (batch['input_mask'] > 0).astype(np.int32)
+  segments[0, 7:] = 2
+  positions = np.tile(np.arange(16), (3, 1))
+  positions[0, 7:] -= 7
+  batch = dict(
+    batch,
+    segment_ids=segments,
+    positions=positions,
+    # Row 0 predicts in both of its documents.
+    masked_positions=np.array([[1, 9, 0], [2, 9, 0], [0, 5, 15]], np.int32),
+    masked_weights=np.ones((3, 3), np.float32),
+    sentence_labels=np.array([0, 1, 1], np.int32),
+  )
+  params = nn.meta.unbox(
+    model.init(jax.random.key(0), batch, deterministic=True)
+  )
+  # collect_states runs every layer at every position, then gathers.
+  full_model = MODELS['encoder'](model.cfg, collect_states=True)
+
+  def loss_and_outputs(m, p):
+    out = m.apply(p, batch, deterministic=True)
+    mlm = jax.nn.log_softmax(out['mlm_logits'])[..., 5].sum()
+    nsp = jax.nn.log_softmax(out['sentence_logits'])[:, 0].sum()
+    return mlm + nsp, out
+
+  grad = jax.grad(loss_and_outputs, argnums=1, has_aux=True)
+  got_grads, got = grad(model, params)
+  want_grads, want = grad(full_model, params)
+  assert 'hidden' not in got and 'hidden' in want
+  for key in ('mlm_logits', 'sentence_logits', 'pooled'):
+    np.testing.assert_allclose(got[key], want[key], rtol=1e-5, atol=1e-5)
+  jax.tree.map(
+    lambda g, w: np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-6),
+    got_grads,
+    want_grads,
+  )
+
+  # The last layer's MLP really ran at the 3 + 1 read positions only.
+  def mlp_shapes(m):
+    apply = functools.partial(m.apply, deterministic=True)
+    text = str(jax.make_jaxpr(apply)(params, batch))
+    return [f'f32[3,{n},{m.cfg.mlp_dim}]' in text for n in (4, 16)]
+
+  assert mlp_shapes(model) == [True, True]
+  assert mlp_shapes(full_model) == [False, True]
+
+
 def test_padding_does_not_leak_into_real_tokens():
   model, params, batch = small_model_and_batch()
+  del batch['masked_positions']  # every position's state
   other = {k: v.copy() for k, v in batch.items()}
   other['input_ids'][1, 10:] = 42  # change only padded positions
   h1 = model.apply(params, batch, deterministic=True)['hidden']

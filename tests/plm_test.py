@@ -444,10 +444,18 @@ def test_flops_add_the_query_stream_to_the_encoder():
   )
   got = MODELS['plm'].train_flops(cfg, shapes)
   # Nothing reads the content stream's last layer but through g's keys and
-  # values (counted above): the encoder's cost with one layer fewer.
+  # values (counted above): the encoder body with one layer fewer.
   shallower = dataclasses.replace(cfg, num_layers=cfg.num_layers - 1)
-  encoder = EncoderModel.train_flops(shallower, shapes)
-  assert got == pytest.approx(encoder + B * query, rel=1e-9)
+  body = EncoderModel.train_flops(shallower, {'input_ids': (B, seq_len)})
+  head = (
+    6
+    * preds
+    * (
+      params['mlm_head']['transform_kernel'].size
+      + params['token_embed']['embedding'].size
+    )
+  )
+  assert got == pytest.approx(body + B * (query + head), rel=1e-9)
   # Without targets only the content stream runs: the encoder's cost.
   no_targets = {'input_ids': (B, seq_len)}
   assert MODELS['plm'].train_flops(cfg, no_targets) == pytest.approx(

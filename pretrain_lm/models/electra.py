@@ -93,9 +93,13 @@ class ElectraModel(nn.Module):
       type_ids_BL=batch.get('token_type_ids'),
     )
     ids = jnp.asarray(batch['input_ids'])
-    gen_hidden = self.generator(ids, deterministic=deterministic, **inputs)
     positions, weights = batch['masked_positions'], batch['masked_weights']
-    mlm_logits = self.generator_head(gen_hidden, positions, self.token_embed)
+    # The generator's states only at the masked positions: its MLM head
+    # is all that reads them (transformer.Stack's output positions).
+    gen_BPD = self.generator(
+      ids, deterministic=deterministic, output_positions_BP=positions, **inputs
+    )
+    mlm_logits = self.generator_head(gen_BPD, self.token_embed)
 
     logits = jax.lax.stop_gradient(mlm_logits.astype(jnp.float32))
     if deterministic:  # evaluation: the generator's most likely token
@@ -130,9 +134,9 @@ class ElectraModel(nn.Module):
     B, L = shapes['input_ids']
     P = shapes['masked_positions'][1]
     gen = generator_config(cfg)
-    per_row = L * (
-      transformer.stack_flops_per_token(gen, cfg.num_layers, L)
-      + transformer.stack_flops_per_token(cfg, cfg.num_layers, L)
+    per_row = transformer.stack_flops_per_row(gen, cfg.num_layers, L, P)
+    per_row += L * (
+      transformer.stack_flops_per_token(cfg, cfg.num_layers, L)
       + 6 * (cfg.emb_dim**2 + cfg.emb_dim)
     )
     per_row += 6 * (gen.emb_dim + cfg.vocab_size) * cfg.token_dim * P

@@ -35,11 +35,16 @@ class EncoderModel(nn.Module):
   """Encoder body, optional pooler, and the MLM head tied to the tokens.
 
   Takes a feature dict from the objective's tf.data transform and returns a
-  dict: `hidden` [B, L, D] always, `pooled` [B, D] with model.pooler,
+  dict: `hidden` [B, L, D], `pooled` [B, D] with model.pooler,
   `mlm_logits` [B, P, V] when the batch has `masked_positions`, and
   `sentence_logits` [B, 2] (NSP/SOP) when it has `sentence_labels`. With
   `collect_states`, also `layer_states` [N + 1, B, L, D]: the embedding
   output and every layer's output (feature extraction, ELMo's scalar mix).
+
+  A batch with `masked_positions` (pretraining, fill-mask, scoring) runs
+  the last layer only where the heads read it: the P predicted positions,
+  and [CLS] when the batch has `sentence_labels` (transformer.Stack). Its
+  outputs then have no `hidden`, and `pooled` only with sentence labels.
   """
 
   cfg: ModelConfig
@@ -63,24 +68,39 @@ class EncoderModel(nn.Module):
     self.mlm_head = heads.MlmHead(cfg)
 
   def __call__(self, batch: dict[str, Array], *, deterministic: bool):
+    cfg = self.cfg
+    predicted_BP = batch.get('masked_positions')
+    sentence_task = cfg.pooler and 'sentence_labels' in batch
+    read_BP = None  # the positions the heads read, if only those run
+    if predicted_BP is not None and not self.collect_states:
+      read_BP = predicted_BP
+      if sentence_task:  # [CLS] first, where the pooler reads it
+        cls_B1 = jnp.zeros_like(predicted_BP[:, :1])
+        read_BP = jnp.concatenate([cls_B1, predicted_BP], axis=1)
     hidden = self.encoder(
       batch['input_ids'],
       type_ids_BL=batch.get('token_type_ids'),
       deterministic=deterministic,
-      **stack_inputs(batch, pad_id=self.cfg.pad_id),
+      output_positions_BP=read_BP,
+      **stack_inputs(batch, pad_id=cfg.pad_id),
     )
     outputs = {}
     if self.collect_states:
       hidden, outputs['layer_states'] = hidden
-    outputs['hidden'] = hidden
-    if self.cfg.pooler:
-      outputs['pooled'] = self.pooler(hidden)
-      if 'sentence_labels' in batch:
+    if read_BP is None:
+      outputs['hidden'] = hidden
+    if cfg.pooler and (read_BP is None or sentence_task):
+      outputs['pooled'] = self.pooler(hidden)  # reads hidden[:, 0]
+      if sentence_task:
         outputs['sentence_logits'] = self.sentence_head(outputs['pooled'])
-    if 'masked_positions' in batch:
-      outputs['mlm_logits'] = self.mlm_head(
-        hidden, batch['masked_positions'], self.token_embed
-      )
+    elif cfg.pooler and self.is_initializing():
+      self.pooler(hidden)  # its parameters, for fine-tuning to start from
+    if predicted_BP is not None:
+      if read_BP is None:
+        predicted_BPD = heads.gather_positions(hidden, predicted_BP)
+      else:
+        predicted_BPD = hidden[:, 1:] if sentence_task else hidden
+      outputs['mlm_logits'] = self.mlm_head(predicted_BPD, self.token_embed)
     return outputs
 
   @staticmethod
@@ -88,13 +108,18 @@ class EncoderModel(nn.Module):
     """Model FLOPs of one training step (see stack_flops_per_token).
 
     The MLM head (D x E transform + E x V output) runs only at the P
-    predicted positions of each row.
+    predicted positions of each row, and so does the last layer (plus
+    [CLS] with a sentence task) where transformer.last_layer_at_outputs.
     """
     B, L = shapes['input_ids']
     P = shapes['masked_positions'][1] if 'masked_positions' in shapes else 0
-    body = transformer.stack_flops_per_token(cfg, cfg.num_layers, L) * L
+    sentence_task = cfg.pooler and 'sentence_labels' in shapes
+    read = P + 1 if P and sentence_task else P
+    body = transformer.stack_flops_per_row(cfg, cfg.num_layers, L, read)
     head = 6 * (cfg.emb_dim + cfg.vocab_size) * cfg.token_dim * P
-    pooler = 6 * cfg.emb_dim**2 if cfg.pooler else 0
-    if cfg.pooler and 'sentence_labels' in shapes:
+    pooler = 0
+    if cfg.pooler and (not P or sentence_task):
+      pooler = 6 * cfg.emb_dim**2
+    if sentence_task:
       pooler += 6 * cfg.emb_dim * 2
     return float(B * (body + head + pooler))

@@ -38,21 +38,19 @@ def output_logits(
 class MlmHead(nn.Module):
   """BERT's masked-LM head: dense + activation + norm, then logits + bias.
 
-  It runs only on the P predicted positions, gathered first, so the [*, V]
-  logits cost B*P*V rather than B*L*V (P is about 15% of L). The dense maps
-  D to the token-table width E (ALBERT's factorised embedding: 768 -> 128).
+  It runs only on the P predicted positions' states (gathered by the
+  caller, or computed there alone: transformer.Stack's output positions),
+  so the [*, V] logits cost B*P*V rather than B*L*V (P is about 15% of L).
+  The dense maps D to the token-table width E (ALBERT's factorised
+  embedding: 768 -> 128).
   """
 
   cfg: ModelConfig
 
   @nn.compact
-  def __call__(
-    self, x_BLD: Array, positions_BP: Array, embed: layers.Embed
-  ) -> Array:
+  def __call__(self, x_BPD: Array, embed: layers.Embed) -> Array:
     cfg = self.cfg
-    x_BPD = nn.with_logical_constraint(
-      gather_positions(x_BLD, positions_BP), layers.BLD
-    )
+    x_BPD = nn.with_logical_constraint(x_BPD, layers.BLD)
     h_BPE = layers.dense(
       self,
       'transform',

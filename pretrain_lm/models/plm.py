@@ -219,9 +219,8 @@ class PlmModel(nn.Module):
     if self.cfg.pooler:
       outputs['pooled'] = self.pooler(hidden)
     if query is not None:
-      # g is already gathered: slot p of g is target p.
-      slots = jnp.broadcast_to(jnp.arange(query.shape[1]), targets.shape)
-      outputs['mlm_logits'] = self.mlm_head(query, slots, self.token_embed)
+      # g is already at the targets: slot p of g is target p.
+      outputs['mlm_logits'] = self.mlm_head(query, self.token_embed)
     return outputs
 
   @staticmethod
@@ -239,16 +238,12 @@ class PlmModel(nn.Module):
     """
     B, L = shapes['input_ids']
     P = shapes['masked_positions'][1] if 'masked_positions' in shapes else 0
-    D, H, K, F = cfg.emb_dim, cfg.num_heads, cfg.head_dim, cfg.mlp_dim
-    E = cfg.token_dim
+    D, E = cfg.emb_dim, cfg.token_dim
     content_layers = cfg.num_layers
     if P and 'sentence_labels' not in shapes:
       content_layers -= 1
     content = transformer.stack_flops_per_token(cfg, content_layers, L) * L
-    mlp = (3 if cfg.is_glu else 2) * D * F
-    query_per_layer = P * (
-      6 * (2 * D * H * K + mlp) + 12 * L * H * K
-    ) + L * transformer.kv_flops(cfg, 1)
+    query_per_layer = transformer.query_layer_flops(cfg, L, P)
     projection = 6 * E * D if E != D else 0
     # Without targets (fine-tuning, features) the query stream never runs.
     query = cfg.num_layers * query_per_layer + P * projection if P else 0

@@ -159,12 +159,26 @@ def attention_mask(
   return mask[:, None]
 
 
+def last_layer_at_outputs(cfg: ModelConfig) -> bool:
+  """Whether a Stack asked for a few output positions runs its last layer
+  at those positions only (see Stack). Scanned and shared stacks apply one
+  layer body to every layer, so they run it in full and gather after."""
+  return not (cfg.scan_layers or cfg.share_layers)
+
+
 class Stack(nn.Module):
   """Embeddings, then num_layers TransformerLayers, then (pre-LN) a norm.
 
   With `collect_states` it returns (x_BLD, states_NBLD): the embedding
   output and every layer's output, N = num_layers + 1, the last one after
   the final norm (ELMo's scalar mix reads them all).
+
+  With `output_positions_BP` it returns only the states at those positions,
+  [B, P, D]. When nothing else reads the last layer's output (BERT's MLM
+  head reads about 15% of the positions), the last layer computes its
+  queries, attention output and MLP at those P positions alone, attending
+  to the keys and values of all L: exactly the gathered full output, for
+  roughly P/L of that layer's cost (last_layer_at_outputs says when).
   """
 
   cfg: ModelConfig
@@ -187,9 +201,15 @@ class Stack(nn.Module):
     encoded_BSD: Array | None = None,
     encoder_segment_ids_BS: Array | None = None,
     prefix_BL: Array | None = None,
+    output_positions_BP: Array | None = None,
   ) -> Array | tuple[Array, Array]:
     cfg = self.cfg
     L = ids_BL.shape[1]
+    if output_positions_BP is not None and (self.decode or self.collect_states):
+      raise ValueError(
+        'Stack: output_positions_BP is for training and scoring; decoding '
+        'and collect_states need every position.'
+      )
     if cfg.position == 'learned' and cfg.max_len < L:
       raise ValueError(
         f'Sequence length {L} exceeds model.max_len={cfg.max_len} (the '
@@ -235,7 +255,7 @@ class Stack(nn.Module):
       )
 
     embedded_BLD = x_BLD
-    x_BLD, states = self._layers(x_BLD, ctx, deterministic)
+    x_BLD, states = self._layers(x_BLD, ctx, deterministic, output_positions_BP)
     if cfg.norm_position == 'pre':
       x_BLD = layers.norm(cfg, 'final_norm')(x_BLD)
     if not self.collect_states:
@@ -243,10 +263,17 @@ class Stack(nn.Module):
     states = jnp.concatenate([embedded_BLD[None], states[:-1], x_BLD[None]])
     return x_BLD, states
 
-  def _layers(self, x_BLD: Array, ctx: dict, deterministic: bool):
+  def _layers(
+    self,
+    x_BLD: Array,
+    ctx: dict,
+    deterministic: bool,
+    out_BP: Array | None = None,
+  ):
     """Applies the layers: shared, scanned or unrolled, optionally remat.
 
-    Returns the output and, with collect_states, each layer's [N, B, L, D].
+    Returns the output (at out_BP's positions if given) and, with
+    collect_states, each layer's [N, B, L, D].
     """
     cfg = self.cfg
     layer_cls = TransformerLayer
@@ -293,10 +320,43 @@ class Stack(nn.Module):
     else:
       states = []
       for i in range(self.num_layers):
-        x_BLD, state = layer_cls(**kwargs, name=f'layer_{i}')(x_BLD, ctx)
+        layer = layer_cls(**kwargs, name=f'layer_{i}')
+        if out_BP is not None and i == self.num_layers - 1:
+          # The last layer's queries at out_BP, its keys and values at all
+          # L: the path XLNet's query stream takes through ctx['kv'].
+          x_BLD, state = layer(
+            rows_at(x_BLD, out_BP), outputs_ctx(ctx, x_BLD, out_BP)
+          )
+          out_BP = None  # done: x is [B, P, D] now
+        else:
+          x_BLD, state = layer(x_BLD, ctx)
         states.append(state)
       states = jnp.stack(states) if self.collect_states else None
+    if out_BP is not None:  # scanned or shared: the whole layer ran
+      x_BLD = rows_at(x_BLD, out_BP)
     return x_BLD, states
+
+
+def rows_at(x_BL_: Array, positions_BP: Array) -> Array:
+  """x's entries at `positions` of each row: [B, L, ...] -> [B, P, ...]."""
+  index = positions_BP.reshape(positions_BP.shape + (1,) * (x_BL_.ndim - 2))
+  return jnp.take_along_axis(x_BL_, index, axis=1)
+
+
+def outputs_ctx(ctx: dict, x_BLD: Array, positions_BP: Array) -> dict:
+  """A layer's ctx for queries at `positions` only, keys and values at all
+  positions of x (self-attention reads them from ctx['kv'])."""
+
+  def query_rows(mask_B1LS):  # [B, 1, L, S] -> [B, 1, P, S]
+    index = positions_BP[:, None, :, None]
+    return jnp.take_along_axis(mask_B1LS, index, axis=2)
+
+  out = dict(ctx, kv=x_BLD, kv_positions=ctx['positions'])
+  out['positions'] = rows_at(ctx['positions'], positions_BP)
+  out['mask'] = query_rows(ctx['mask'])
+  if ctx['cross_mask'] is not None:
+    out['cross_mask'] = query_rows(ctx['cross_mask'])
+  return out
 
 
 def stack_flops_per_token(
@@ -322,6 +382,31 @@ def stack_flops_per_token(
     per_layer += 6 * 2 * D * H * K + 12 * cross_len * H * K
   projection = 6 * cfg.token_dim * D if cfg.token_dim != D else 0
   return float(num_layers * per_layer + projection)
+
+
+def stack_flops_per_row(
+  cfg: ModelConfig, num_layers: int, seq_len: int, outputs: int | None = None
+) -> float:
+  """Training FLOPs of one row of seq_len tokens through a stack's layers.
+
+  With `outputs` (the P output positions a Stack is asked for), the last
+  layer counts as it runs when last_layer_at_outputs: its queries, output
+  projection, MLP and attention products at P positions, its keys and
+  values at all seq_len.
+  """
+  if not outputs or not num_layers or not last_layer_at_outputs(cfg):
+    return stack_flops_per_token(cfg, num_layers, seq_len) * seq_len
+  below = stack_flops_per_token(cfg, num_layers - 1, seq_len) * seq_len
+  return below + query_layer_flops(cfg, seq_len, outputs)
+
+
+def query_layer_flops(cfg: ModelConfig, seq_len: int, queries: int) -> float:
+  """Training FLOPs of one layer run for `queries` query positions that
+  attend to seq_len keys and values, projected here from seq_len states."""
+  D, H, K, F = cfg.emb_dim, cfg.num_heads, cfg.head_dim, cfg.mlp_dim
+  mlp = (3 if cfg.is_glu else 2) * D * F
+  per_query = 6 * (2 * D * H * K + mlp) + 12 * seq_len * H * K
+  return float(queries * per_query + seq_len * kv_flops(cfg, 1))
 
 
 def kv_flops(cfg: ModelConfig, num_layers: int) -> float:
