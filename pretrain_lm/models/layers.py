@@ -124,7 +124,7 @@ def dense(
 # on every element. On CPU, 16-bit draws from jax.random.bits (which XORs a
 # hash's two words into one) made BERT-small's and BERT-base's train steps
 # 3-12% faster; keeping both words, with the hash written out below, took
-# BERT-small's another 2-3% (experiments/benchmarks/ab_dropout.py). 16 bits
+# BERT-small's another 2-3% (experiments/benchmarks/ab_step.py). 16 bits
 # keep the rate exact to 2^-16; 8 bits were not clearly faster and would
 # round a rate of 0.1 to 26/256.
 DROPOUT_BITS = 16

@@ -1,16 +1,17 @@
-r"""A/B of dropout's mask draws inside one process: flax's against ours.
+r"""A/B of train-step variants inside one process: a lever on and off.
 
-  python experiments/benchmarks/ab_dropout.py \
-      --config=configs/bert.py:size=small --batch_size=32 --rounds=10
+  python experiments/benchmarks/ab_step.py \
+      --config=configs/bert.py:size=small --batch_size=32 --rounds=10 \
+      --variants=flax,16,8
 
 Compiles the config's train step (the one `pretrain_lm.main` runs) once per
-variant of `layers.keep_mask`, then times the variants in alternating order
-on the same batch, round after round. On a shared VM the speed drifts by
-more than a lever is worth between two separate `pretrain_lm.bench` runs;
-alternating within one process lets the drift hit every variant alike.
-Prints each variant's median step and, per round, its ratio to the first.
+variant, then times the variants in alternating order on the same batch,
+round after round. On a shared VM the speed drifts by more than a lever is
+worth between two separate `pretrain_lm.bench` runs; alternating within
+one process lets the drift hit every variant alike. Prints each variant's
+median step and, per round, its ratio to the first.
 
-Variants:
+Variants of dropout's mask draws (`layers.keep_mask`):
 - `flax`: jax.random.bernoulli, one threefry hash per element, as flax's
   nn.Dropout draws them;
 - a number of bits per element: `16` (layers.DROPOUT_BITS, the default)
@@ -21,6 +22,11 @@ Variants:
   loop on CPU) instead of layers.threefry2x32;
 - `none`: no masks at all, the floor that no draw can beat (it changes the
   model: dropout off).
+
+Variants of the encoder's last layer (dropout draws at the default):
+- `last`: the default, the last layer at the predicted positions only;
+- `last_full`: the last layer at every position, then gathered, as
+  before transformer.Stack took output positions.
 """
 
 import argparse
@@ -39,7 +45,7 @@ from jax.extend import random as jex_random  # noqa: E402
 from pretrain_lm import configlib, sharding, train  # noqa: E402
 from pretrain_lm.bench import step  # noqa: E402
 from pretrain_lm.data import pipeline  # noqa: E402
-from pretrain_lm.models import layers  # noqa: E402
+from pretrain_lm.models import layers, transformer  # noqa: E402
 
 
 def flax_mask(rng, shape, keep_prob):
@@ -57,11 +63,26 @@ def looped_hash(k1, k2, x1, x2):
   return jex_random.threefry2x32_p.bind(k1, k2, x1, x2)
 
 
+def full_last_layer(stack, x_BLD, ctx, deterministic, out_BP=None):
+  """Stack._layers with every layer at every position, gathered after."""
+  x_BLD, states = STACK_LAYERS(stack, x_BLD, ctx, deterministic)
+  if out_BP is not None:
+    x_BLD = transformer.rows_at(x_BLD, out_BP)
+  return x_BLD, states
+
+
+STACK_LAYERS = transformer.Stack._layers
+
+
 def compile_variant(trainer, state, batch, variant: str):
-  """The train step compiled with `variant`'s keep_mask."""
+  """The train step compiled with `variant` patched in."""
   patched = ('keep_mask', 'DROPOUT_BITS', 'random_words', 'threefry2x32')
   saved = {name: getattr(layers, name) for name in patched}
-  if variant == 'flax':
+  if variant == 'last_full':
+    transformer.Stack._layers = full_last_layer
+  elif variant == 'last':
+    pass
+  elif variant == 'flax':
     layers.keep_mask = flax_mask
   elif variant == '16xor':
     layers.random_words = xor_words
@@ -75,6 +96,7 @@ def compile_variant(trainer, state, batch, variant: str):
     jax.clear_caches()  # retrace: the patch is invisible to jit's cache
     return trainer.train_step.lower(state, batch).compile()
   finally:
+    transformer.Stack._layers = STACK_LAYERS
     for name, value in saved.items():
       setattr(layers, name, value)
 
@@ -91,7 +113,7 @@ def main():
   step.first_stage(config)
   variants = args.variants.split(',')
 
-  trainer = train.Trainer(config, tempfile.mkdtemp(prefix='ab_dropout_'))
+  trainer = train.Trainer(config, tempfile.mkdtemp(prefix='ab_step_'))
   state = trainer.initial_state()
   host = next(
     pipeline.train_dataset(config, trainer.tokenizer).as_numpy_iterator()
@@ -113,7 +135,7 @@ def main():
   for v in variants:
     ratios = [t / b for t, b in zip(times[v], first, strict=True)]
     print(
-      f'{v:>5}: median step {statistics.median(times[v]):.3f} s, '
+      f'{v:>9}: median step {statistics.median(times[v]):.3f} s, '
       f'median ratio to {variants[0]} {statistics.median(ratios):.3f}, '
       f'faster in {sum(r < 1 for r in ratios)}/{len(ratios)} rounds'
     )
