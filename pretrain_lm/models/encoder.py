@@ -97,7 +97,7 @@ class EncoderModel(nn.Module):
       self.pooler(hidden)  # its parameters, for fine-tuning to start from
     if predicted_BP is not None:
       if read_BP is None:
-        predicted_BPD = heads.gather_positions(hidden, predicted_BP)
+        predicted_BPD = transformer.rows_at(hidden, predicted_BP)
       else:
         predicted_BPD = hidden[:, 1:] if sentence_task else hidden
       outputs['mlm_logits'] = self.mlm_head(predicted_BPD, self.token_embed)

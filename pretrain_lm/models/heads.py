@@ -11,11 +11,6 @@ from pretrain_lm.models.config import ModelConfig
 Array = jax.Array
 
 
-def gather_positions(x_BLD: Array, positions_BP: Array) -> Array:
-  """The hidden states at `positions` of each row: [B, L, D] -> [B, P, D]."""
-  return jnp.take_along_axis(x_BLD, positions_BP[..., None], axis=1)
-
-
 def output_logits(
   module: nn.Module, h_BPE: Array, embed: layers.Embed
 ) -> Array:
