@@ -257,6 +257,11 @@ def base_config() -> ml_collections.ConfigDict:
   # Peak FLOP/s of one device for MFU; 0 looks the device kind up in a table.
   c.train.peak_flops_per_device = 0.0
   c.train.progress_bar = True
+  # jax's persistent compilation cache: a directory (local or gs://) that
+  # keeps compiled steps across processes, so a resumed or repeated run of
+  # the same config and mesh loads its steps instead of compiling them
+  # ('' : off). Share it between runs; delete it to start afresh.
+  c.train.compilation_cache_dir = ''
 
   c.mesh = ml_collections.ConfigDict()
   # Mesh axis sizes; -1 takes all the devices the other axes leave.

@@ -466,6 +466,21 @@ def eval_step(params, batch, *, model, loss_fn):
   return loss_fn(outputs, batch)[1]
 
 
+def use_compilation_cache(path: str) -> None:
+  """Points jax's persistent compilation cache at `path` ('' : leave it).
+
+  Every compile of more than a second (jax's default threshold) is stored
+  there, keyed by the program, its shardings, the devices and the jax
+  version, and later processes load it instead of compiling.
+  """
+  if not path:
+    return
+  if '://' not in path:
+    path = os.path.abspath(os.path.expanduser(path))
+  tf.io.gfile.makedirs(path)
+  jax.config.update('jax_compilation_cache_dir', path)
+
+
 class Trainer:
   """Builds everything a run needs from a config; `run()` is the loop."""
 
@@ -477,6 +492,7 @@ class Trainer:
   ):
     self.config = config
     self.workdir = workdir = checkpoint_lib.absolute(workdir)
+    use_compilation_cache(config.train.compilation_cache_dir)
     self.is_chief = jax.process_index() == 0
     # Hosts that disagree would hang in a collective or mix checkpoints.
     distributed.check_hosts_agree(config, workdir)

@@ -8,6 +8,7 @@ TensorFlow (the data and objective modules) is even imported.
 import difflib
 import importlib.util
 import math
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -214,6 +215,18 @@ def check_devices(
   _check_mesh(config, num_devices)
 
 
+def check_cache_dir(path: str) -> None:
+  """train.compilation_cache_dir: empty, or a directory (created if absent)."""
+  import tensorflow as tf
+
+  local = path if '://' in path else os.path.expanduser(path)
+  _require(
+    not path or not tf.io.gfile.exists(local) or tf.io.gfile.isdir(local),
+    f'train.compilation_cache_dir={path!r} is a file; give a directory '
+    "(created if absent) or '' to leave the cache off.",
+  )
+
+
 def check_config(config: ml_collections.ConfigDict) -> None:
   """Raises ValueError/FileNotFoundError naming the first bad field."""
   check_fields(config)  # milliseconds: before anything that reads files
@@ -259,6 +272,7 @@ def check_config(config: ml_collections.ConfigDict) -> None:
   )
   for name in ('log_every', 'eval_every'):
     _require(t[name] > 0, f'train.{name}={t[name]} must be > 0.')
+  check_cache_dir(t.compilation_cache_dir)
   _require(c.every > 0, f'checkpoint.every={c.every} must be > 0.')
   for name in ('keep', 'keep_best', 'keep_every'):
     _require(c[name] >= 0, f'checkpoint.{name}={c[name]} must be >= 0.')

@@ -212,6 +212,7 @@ def test_elmo_recipe_keeps_the_body_frozen(bert, tmp_path):
 
 def test_cli_distils_and_prints_dev_accuracy(bert, straight, tmp_path):
   teacher, _, _ = straight
+  workdir, cache = tmp_path / 'run', tmp_path / 'jax_cache'
   overrides = {
     'task.seq_len': 32,
     'task.max_train_examples': 32,
@@ -223,6 +224,7 @@ def test_cli_distils_and_prints_dev_accuracy(bert, straight, tmp_path):
     'distill.teacher': teacher,
     'distill.alpha': 0.5,
     'distill.temperature': 2.0,
+    'train.compilation_cache_dir': cache,
   }
   cmd = [
     sys.executable,
@@ -230,20 +232,26 @@ def test_cli_distils_and_prints_dev_accuracy(bert, straight, tmp_path):
     'pretrain_lm.finetune',
     '--config=configs/finetune/glue.py:task=sst2',
     f'--init={bert}',
-    f'--workdir={tmp_path}',
+    f'--workdir={workdir}',
   ] + [f'--config.{k}={v}' for k, v in overrides.items()]
-  # One CPU device: a single-device compile is the quickest.
-  env = dict(os.environ, XLA_FLAGS=COMPILE_FLAGS)
+  # One CPU device: a single-device compile is the quickest. Every compile
+  # goes to the cache, however short.
+  env = dict(
+    os.environ,
+    XLA_FLAGS=COMPILE_FLAGS,
+    JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS='0',
+  )
   out = subprocess.run(
     cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300
   )
   assert out.returncode == 0, out.stderr[-3000:]
   assert 'Dev accuracy: ' in out.stdout, out.stdout
-  logged = read_metrics(str(tmp_path))
+  logged = read_metrics(str(workdir))
   assert all(
     math.isfinite(m['distill_loss']) for m in logged if 'distill_loss' in m
   )
   assert any('distill_loss' in m for m in logged)
+  assert any(cache.iterdir()), 'fine-tuning stored no compiled step'
 
 
 # --- Heads on each family (random weights; no workdir needed).

@@ -215,7 +215,7 @@ def test_param_shardings_follow_rule_table(tmp_path, tokenizer_path):
   assert table.addressable_shards[0].data.shape == (VOCAB // 2, 128 // 2)
 
 
-def run_main(workdir, overrides, check=True, **popen_kwargs):
+def run_main(workdir, overrides, check=True, env=None, **popen_kwargs):
   """Runs `python -m pretrain_lm.main` as a user would, in a new process."""
   cmd = [
     sys.executable,
@@ -225,7 +225,7 @@ def run_main(workdir, overrides, check=True, **popen_kwargs):
     f'--workdir={workdir}',
     *override_flags(overrides),
   ]
-  env = dict(os.environ, XLA_FLAGS='', JAX_PLATFORMS='cpu')
+  env = dict(os.environ, XLA_FLAGS='', JAX_PLATFORMS='cpu', **(env or {}))
   if popen_kwargs.pop('background', False):
     return subprocess.Popen(
       cmd,
@@ -278,19 +278,31 @@ def assert_same_run(straight, workdir):
 
 def test_resume_is_exact_across_processes(tmp_path, tokenizer_path):
   n = RESUME_EVERY
-  base = resume_overrides(tokenizer_path)
+  # All three runs share a persistent compilation cache.
+  cache = tmp_path / 'jax_cache'
+  base = {
+    **resume_overrides(tokenizer_path),
+    'train.compilation_cache_dir': str(cache),
+  }
   straight = str(tmp_path / 'straight')
   done = run_main(straight, base).stdout
   # The run ends by saying where the checkpoint is and how to load it.
   assert f'Checkpoint: {straight}/checkpoints/16' in done, done
   assert f'pretrain_lm.load({straight!r})' in done, done
+  assert any(cache.iterdir()), 'the first run stored no compiled step'
 
   # Stop cleanly after n steps (as a job with a time slot would), rerun.
   resumed = str(tmp_path / 'resumed')
   first = run_main(resumed, {**base, 'train.exit_interval': n})
   assert 'Stopping at step 8' in first.stdout + first.stderr
   assert train_losses(resumed).keys() == set(range(1, n + 1))
-  run_main(resumed, {**base, 'train.exit_interval': n})
+  # The rerun loads its train step from the cache, not from XLA, and the
+  # cached executable resumes bitwise all the same.
+  last = run_main(
+    resumed, {**base, 'train.exit_interval': n}, env={'JAX_LOG_COMPILES': '1'}
+  )
+  hits = re.findall(r"compilation cache hit for '(\w+)'", last.stderr)
+  assert 'jit_train_step' in hits, last.stderr[-3000:]
   assert_same_run(straight, resumed)
 
 

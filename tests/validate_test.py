@@ -145,6 +145,14 @@ def test_field_checks_come_before_any_file_is_read(tmp_path):
     validate.check_config(config)
 
 
+def test_compilation_cache_dir_must_be_a_directory(tmp_path):
+  a_file = tmp_path / 'cache'
+  a_file.write_text('')
+  field = 'train.compilation_cache_dir'
+  _fails(_config(**{field: str(a_file)}), f'{field}={str(a_file)!r}', 'file')
+  validate.check_config(_config(**{field: str(tmp_path / 'new')}))
+
+
 def test_mesh_and_batch_split():
   _fails(_config(**{'mesh.fsdp': 0}), 'mesh.fsdp=0')
   _fails(_config(**{'mesh.data': -1, 'mesh.tensor': -1}), 'at most one axis')

@@ -11,6 +11,7 @@ import os
 import ml_collections
 import tensorflow as tf
 
+from pretrain_lm import validate
 from pretrain_lm.finetune import TASKS
 
 # Valid values of the string-choice fields, checked before anything is built.
@@ -113,6 +114,8 @@ def base_config() -> ml_collections.ConfigDict:
   # rerunning the same command continues the run.
   c.train.exit_interval = 0
   c.train.progress_bar = True
+  # jax's persistent compilation cache, as in pretraining ('' : off).
+  c.train.compilation_cache_dir = ''
 
   c.mesh = ml_collections.ConfigDict()
   c.mesh.data = -1
@@ -175,6 +178,7 @@ def check_config(config: ml_collections.ConfigDict, workdir: str = '') -> None:
     'head.siamese and head.text_to_text exclude each other.',
   )
   _require(task.seq_len > 0, f'task.seq_len={task.seq_len} must be > 0.')
+  validate.check_cache_dir(train.compilation_cache_dir)
   _choice(config.head.pooling, 'head.pooling', POOLINGS)
   _require(
     0 <= config.head.dropout < 1,

@@ -240,6 +240,7 @@ class Trainer:
   ):
     self.config = c = config
     self.workdir = workdir = checkpoint_lib.absolute(workdir)
+    train.use_compilation_cache(c.train.compilation_cache_dir)
     self.is_chief = jax.process_index() == 0
     if c.init.workdir and workdir == checkpoint_lib.absolute(c.init.workdir):
       raise ValueError(
