@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from flax import linen as nn
 
-from pretrain_lm.models import MODELS, ModelConfig
+from pretrain_lm.models import MODELS, ModelConfig, layers, transformer
 from pretrain_lm.models.config import size_preset
 
 
@@ -201,8 +201,6 @@ def test_attention_matches_a_numpy_reference():
   p = params['params']['encoder']['layer_0']['attention']
   x = np.random.default_rng(1).normal(size=(3, 16, 128)).astype(np.float32)
   mask = batch['input_mask'][:, None, None, :].astype(bool)
-  from pretrain_lm.models import layers
-
   cfg = model.cfg
   got = layers.MultiHeadAttention(cfg, out_std=0.02).apply(
     {'params': p}, x, x, mask=mask, deterministic=True
@@ -228,3 +226,25 @@ def test_model_config_families_are_the_registry():
   from pretrain_lm.models.config import CHOICES
 
   assert set(CHOICES['family']) == set(MODELS)
+
+
+def test_output_positions_refuse_decoding_and_collected_states():
+  cfg = bert('tiny', vocab_size=97, max_len=32)
+  ids = jnp.zeros((2, 8), jnp.int32)
+  kwargs = dict(
+    segment_ids_BL=jnp.ones_like(ids),
+    positions_BL=jnp.tile(jnp.arange(8), (2, 1)),
+    deterministic=True,
+    output_positions_BP=jnp.zeros((2, 3), jnp.int32),
+  )
+  for flag in ('decode', 'collect_states'):
+    token_embed = layers.Embed(cfg.vocab_size, cfg, cfg.token_dim)
+    stack = transformer.Stack(
+      cfg,
+      transformer.Embedder(cfg, token_embed),
+      cfg.num_layers,
+      causal=False,
+      **{flag: True},
+    )
+    with pytest.raises(ValueError, match='output_positions_BP'):
+      stack.init(jax.random.key(0), ids, **kwargs)
