@@ -18,17 +18,20 @@ from pretrain_lm.data import tokenizer as tokenizer_lib
 from pretrain_lm.models import MODELS
 from pretrain_lm.models.config import ModelConfig
 
-# One config per model family (and both encoder-decoders). ALBERT's shared
-# layer is a scan, whose body XLA's cost analysis counts once: one layer.
+# One config per model family (and both encoder-decoders), each config
+# file's argument after 'size=tiny'. ALBERT's shared layer is a scan, whose
+# body XLA's cost analysis counts once: one layer. A prefix LM attends over
+# the whole square, where causal stacks run layers.causal_blocks.
 FAMILIES = {
-  'bert': ('bert', {}),
-  'gpt': ('gpt', {}),
-  't5': ('t5', {}),
-  'bart': ('bart', {}),
-  'electra': ('electra', {}),
-  'xlnet': ('xlnet', {}),
-  'bilm': ('bilm', {}),
-  'albert': ('albert', {'num_layers': 1}),
+  'bert': ('bert', '', {}),
+  'gpt': ('gpt', '', {}),
+  'gpt_prefix_lm': ('gpt', ',objective=prefix_lm', {}),
+  't5': ('t5', '', {}),
+  'bart': ('bart', '', {}),
+  'electra': ('electra', '', {}),
+  'xlnet': ('xlnet', '', {}),
+  'bilm': ('bilm', '', {}),
+  'albert': ('albert', '', {'num_layers': 1}),
 }
 # Wide enough that norms, activations, dropout and the optimizer (which
 # model FLOPs leave out by convention) are a few percent of the total.
@@ -64,11 +67,12 @@ def tokenizer(tokenizer_path):
 
 @pytest.mark.parametrize('family', FAMILIES)
 def test_model_flops_are_the_compiled_steps_flops(family, tokenizer):
-  name, overrides = FAMILIES[family]
-  c = load_config(name, 'size=tiny')
+  name, arg, overrides = FAMILIES[family]
+  c = load_config(name, 'size=tiny' + arg)
   c.model.update(WIDTH, **overrides)
   c.model.vocab_size = 1024
   c.data.batch_size, c.data.seq_len = 2, 64
+  c.model.causal_chunk = 24  # causal rows of 64 (BART's decoder too): 3 blocks
   c.mesh.data = 1
   shapes = {
     k: jax.ShapeDtypeStruct((c.data.batch_size, *s), np.dtype(d))

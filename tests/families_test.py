@@ -359,6 +359,89 @@ def test_jax_nn_attention_path_matches_einsum():
     np.testing.assert_allclose(a[real], b[real], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize(
+  'family, variant',
+  [
+    ('decoder', 'gpt2'),
+    ('decoder', 't5'),
+    ('decoder', 'rotary_swiglu'),
+    ('decoder', 'scan_remat'),
+    ('encoder_decoder', 'bert_post_ln'),
+    ('bilm', 'gpt2'),
+  ],
+)
+def test_causal_blocks_are_the_full_attention_with_the_same_dropout(
+  family, variant
+):
+  # model.causal_chunk=5 splits rows of 16 into query blocks of 5, 5, 5
+  # and 1, each against the keys up to its last query: with dropout on
+  # (the same masks, Dropout.blocks) the outputs at real tokens and every
+  # gradient must be those of the whole L x L square (causal_chunk=0).
+  ids, segments, positions = packed()
+  batch = family_batch(family, ids, segments, positions)
+  if family == 'bilm':
+    batch = dict(batch, input_mask=segments > 0)
+  cfg = tiny(
+    family, **VARIANTS[variant], dropout_rate=0.1, attention_dropout_rate=0.2
+  )
+  _, params = init(cfg, batch)
+  real = segments > 0
+  keys = ('logits', 'backward_logits') if family == 'bilm' else ('logits',)
+
+  def run(chunk):
+    model = MODELS[family](dataclasses.replace(cfg, causal_chunk=chunk))
+
+    def loss(p):
+      out = model.apply(
+        {'params': p},
+        batch,
+        deterministic=False,
+        rngs={'dropout': jax.random.key(3)},
+      )
+      # Real tokens only: a pad query sees no key, so its (unread) output
+      # is uniform over whichever keys its block has.
+      total = sum((out[k][..., 7] * real).sum() for k in keys)
+      return total, {k: out[k] for k in keys}
+
+    grads, out = jax.grad(loss, has_aux=True)(params)
+    text = str(
+      jax.make_jaxpr(
+        lambda p: model.apply(
+          {'params': p},
+          batch,
+          deterministic=False,
+          rngs={'dropout': jax.random.key(3)},
+        )
+      )(params)
+    )
+    return out, grads, text
+
+  want, want_grads, want_text = run(0)
+  got, got_grads, got_text = run(5)
+  for k in keys:
+    np.testing.assert_allclose(
+      got[k][real], want[k][real], rtol=1e-5, atol=1e-5
+    )
+  jax.tree.map(
+    lambda g, w: np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-6),
+    got_grads,
+    want_grads,
+  )
+  # The blocks really ran: [B, H, 5, 10] scores, and no [B, H, 16, 16]
+  # array but an encoder's or T5's relative bias (sliced per block).
+  H = cfg.num_heads
+  assert f'f32[2,{H},5,10]' in got_text and f'f32[2,{H},5,10]' not in want_text
+  square = f'f32[2,{H},16,16]'
+  assert square in want_text
+  if family != 'encoder_decoder' and cfg.position != 'relative':
+    assert square not in got_text
+  # Dropout is on: without it the two would agree trivially.
+  no_dropout = MODELS[family](cfg).apply(
+    {'params': params}, batch, deterministic=True
+  )
+  assert not np.allclose(no_dropout['logits'][real], want['logits'][real])
+
+
 def test_fused_attention_refuses_attention_dropout():
   cfg = tiny('decoder', attention_impl='cudnn', attention_dropout_rate=0.1)
   with pytest.raises(ValueError, match='attention_dropout_rate'):

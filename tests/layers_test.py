@@ -120,3 +120,50 @@ def test_gradient_flows_through_the_kept_elements_only():
 def test_keeps_the_input_dtype():
   x = jnp.ones((4, 8), jnp.bfloat16)
   assert drop(x, 0.1).dtype == jnp.bfloat16
+
+
+@pytest.mark.parametrize('key', [jax.random.key(7), jax.random.PRNGKey(7)])
+def test_a_block_of_the_mask_drawn_alone_is_that_block_of_the_whole(key):
+  """keep_mask's window: the causal attention blocks draw the masks the
+  whole [B, H, L, S] array would get, key columns up to any length."""
+  full = (2, 3, 10, 37)  # an odd row: a half-used last word
+  whole, p = layers.keep_mask(key, full, 0.7)
+  for q0, q1, s1 in [(0, 4, 4), (4, 8, 9), (8, 10, 37), (3, 4, 1)]:
+    block, p_block = layers.keep_mask(
+      key, (2, 3, q1 - q0, s1), 0.7, (full, (0, 0, q0, 0))
+    )
+    assert p_block == p
+    np.testing.assert_array_equal(block, whole[:, :, q0:q1, :s1])
+  x = jax.random.normal(jax.random.key(1), full)
+  starts = [(0, 0, 0, 0), (0, 0, 6, 0)]
+  blocks = layers.Dropout(0.3).apply(
+    {},
+    [x[:, :, :6, :20], x[:, :, 6:, :]],
+    full,
+    starts,
+    False,
+    rngs={'dropout': jax.random.key(2)},
+    method=layers.Dropout.blocks,
+  )
+  y = drop(x, 0.3, key=jax.random.key(2))
+  np.testing.assert_array_equal(blocks[0], y[:, :, :6, :20])
+  np.testing.assert_array_equal(blocks[1], y[:, :, 6:, :])
+
+
+def test_blocks_must_lie_inside_the_array_from_its_first_column():
+  key = jax.random.key(0)
+  for shape, start in [((4, 8), (0, 2)), ((4, 8), (1, 0)), ((4, 9), (0, 0))]:
+    with pytest.raises(ValueError, match=r'not inside an array of shape'):
+      layers.keep_mask(key, shape, 0.9, ((4, 8), start))
+
+
+def test_other_prng_implementations_draw_each_block_apart():
+  # jax.random.bits cannot draw a block of a larger draw: each block draws
+  # from the key folded with its position (other words, same distribution).
+  key = jax.random.key(3, impl='unsafe_rbg')
+  full = (2, 64, 64)
+  a = layers.random_words(key, (2, 32, 64), (full, (0, 0, 0)))
+  b = layers.random_words(key, (2, 32, 64), (full, (0, 32, 0)))
+  assert (np.asarray(a) != np.asarray(b)).mean() > 0.99
+  mask, _ = layers.keep_mask(key, (2, 32, 64), 0.75, (full, (0, 32, 0)))
+  assert abs(np.asarray(mask).mean() - 0.75) < 0.03

@@ -27,6 +27,11 @@ Variants of the encoder's last layer (dropout draws at the default):
 - `last`: the default, the last layer at the predicted positions only;
 - `last_full`: the last layer at every position, then gathered, as
   before transformer.Stack took output positions.
+
+Variants of causal self-attention (decoders; model.causal_chunk):
+- `causal`: the default, query blocks against the keys up to each block's
+  end (layers.causal_blocks);
+- `causal_full`: the whole L x L square, masked, as before.
 """
 
 import argparse
@@ -76,12 +81,20 @@ STACK_LAYERS = transformer.Stack._layers
 
 def compile_variant(trainer, state, batch, variant: str):
   """The train step compiled with `variant` patched in."""
-  patched = ('keep_mask', 'DROPOUT_BITS', 'random_words', 'threefry2x32')
+  patched = (
+    'keep_mask',
+    'DROPOUT_BITS',
+    'random_words',
+    'threefry2x32',
+    'causal_blocks',
+  )
   saved = {name: getattr(layers, name) for name in patched}
   if variant == 'last_full':
     transformer.Stack._layers = full_last_layer
-  elif variant == 'last':
+  elif variant in ('last', 'causal'):
     pass
+  elif variant == 'causal_full':
+    layers.causal_blocks = lambda L, S, chunk: [(0, L, S)]
   elif variant == 'flax':
     layers.keep_mask = flax_mask
   elif variant == '16xor':

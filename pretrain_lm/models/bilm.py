@@ -77,7 +77,9 @@ class BiLMModel(nn.Module):
   def train_flops(cfg: ModelConfig, shapes: dict[str, tuple]) -> float:
     """Model FLOPs of one step: two stacks and two D x V logits per token."""
     B, L = shapes['input_ids']
-    per_token = transformer.stack_flops_per_token(cfg, cfg.num_layers, L)
+    per_token = transformer.stack_flops_per_token(
+      cfg, cfg.num_layers, L, causal=True
+    )
     per_token += 6 * cfg.token_dim * cfg.vocab_size
     if cfg.token_dim != cfg.emb_dim:
       per_token += 6 * cfg.emb_dim * cfg.token_dim

@@ -92,9 +92,14 @@ class DecoderModel(nn.Module):
 
   @staticmethod
   def train_flops(cfg: ModelConfig, shapes: dict[str, tuple]) -> float:
-    """Model FLOPs of one step: the stack plus the D x V logits per token."""
+    """Model FLOPs of one step: the stack plus the D x V logits per token.
+
+    A prefix LM's batch (prefix_mask) attends over the whole L x L square.
+    """
     B, L = shapes['input_ids']
-    per_token = transformer.stack_flops_per_token(cfg, cfg.num_layers, L)
+    per_token = transformer.stack_flops_per_token(
+      cfg, cfg.num_layers, L, causal='prefix_mask' not in shapes
+    )
     per_token += 6 * cfg.token_dim * cfg.vocab_size
     if cfg.token_dim != cfg.emb_dim:
       per_token += 6 * cfg.emb_dim * cfg.token_dim

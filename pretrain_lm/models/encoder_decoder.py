@@ -124,7 +124,7 @@ class EncoderDecoderModel(nn.Module):
     encoder = transformer.stack_flops_per_token(cfg, cfg.num_layers, S) * S
     encoder += transformer.kv_flops(cfg, cfg.decoder_layers) * S
     per_token = transformer.stack_flops_per_token(
-      cfg, cfg.decoder_layers, L, cross_len=S
+      cfg, cfg.decoder_layers, L, cross_len=S, causal=True
     )
     per_token += 6 * cfg.token_dim * cfg.vocab_size
     if cfg.token_dim != cfg.emb_dim:

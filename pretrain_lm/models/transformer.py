@@ -94,6 +94,10 @@ class TransformerLayer(nn.Module):
     out_std = layers.residual_std(cfg, self.num_layers)
     dropout = layers.Dropout(cfg.dropout_rate)
 
+    # The blocks of a causal mask (layers.causal_blocks): not while decoding
+    # (the cache masks) nor with a prefix LM's bidirectional prefix.
+    causal_chunk = cfg.causal_chunk if self.purely_causal(ctx) else 0
+
     def self_attention(h, norm):
       kv = h if ctx.get('kv') is None else norm(ctx['kv'])
       return layers.MultiHeadAttention(
@@ -107,6 +111,7 @@ class TransformerLayer(nn.Module):
         k_pos_BS=ctx.get('kv_positions', ctx['positions']),
         rel_table=ctx['rel_table'],
         bidirectional=not self.causal,
+        causal_chunk=causal_chunk,
       )
 
     def cross_attention(h, norm):
@@ -132,6 +137,12 @@ class TransformerLayer(nn.Module):
         x_BLD = x_BLD + dropout(block(norm(x_BLD), norm), deterministic=det)
     x_BLD = nn.with_logical_constraint(x_BLD, layers.BLD)
     return x_BLD, (x_BLD if self.emit_state else None)
+
+  def purely_causal(self, ctx: dict) -> bool:
+    """Whether self-attention's mask is purely causal: each query sees no
+    later key (no prefix LM, no cache, queries and keys the same rows)."""
+    plain = ctx.get('prefix') is None and ctx.get('kv') is None
+    return self.causal and plain and not self.decode
 
 
 def attention_mask(
@@ -240,6 +251,7 @@ class Stack(nn.Module):
       'rel_table': None,
       'encoded': encoded_BSD,
       'cross_mask': None,
+      'prefix': prefix_BL,  # a prefix LM's: its mask is not purely causal
     }
     if self.cross_attention:
       ctx['cross_mask'] = attention_mask(
@@ -360,28 +372,43 @@ def outputs_ctx(ctx: dict, x_BLD: Array, positions_BP: Array) -> dict:
 
 
 def stack_flops_per_token(
-  cfg: ModelConfig, num_layers: int, seq_len: int, cross_len: int = 0
+  cfg: ModelConfig,
+  num_layers: int,
+  seq_len: int,
+  cross_len: int = 0,
+  causal: bool = False,
 ) -> float:
   """Training FLOPs per token of one stack's layers (PaLM, App. B).
 
   A matmul with N weights costs 2N FLOPs per token forward and 4N backward,
   6N in all. Counted per layer: the attention and MLP projections
   (4·D·H·K + 2·D·F, or 3·D·F with a GLU), the score and value products of
-  attention (2 matmuls of L·H·K per token, 6·2·L·H·K) computed over the full
-  L x L square even when causal, and, with cross-attention, its query and
-  output projections and its products over the cross_len encoder
-  positions (its key and value projections run once per encoder position:
-  see kv_flops). The factorised embedding projection adds 6·E·D.
+  attention (2 matmuls of L·H·K per token, 6·2·L·H·K) over the keys they
+  run over (attended_keys: L, or fewer for a `causal` stack's blocks),
+  and, with cross-attention, its query and output projections and its
+  products over the cross_len encoder positions (its key and value
+  projections run once per encoder position: see kv_flops). The factorised embedding projection adds 6·E·D.
   Embedding lookups, norms and softmax are not matmuls and, as in the MFU
   convention, are left out.
   """
   D, H, K, F = cfg.emb_dim, cfg.num_heads, cfg.head_dim, cfg.mlp_dim
   mlp = (3 if cfg.is_glu else 2) * D * F
-  per_layer = 6 * (4 * D * H * K + mlp) + 12 * seq_len * H * K
+  keys = attended_keys(cfg, seq_len, causal)
+  per_layer = 6 * (4 * D * H * K + mlp) + 12 * keys * H * K
   if cross_len:
     per_layer += 6 * 2 * D * H * K + 12 * cross_len * H * K
   projection = 6 * cfg.token_dim * D if cfg.token_dim != D else 0
   return float(num_layers * per_layer + projection)
+
+
+def attended_keys(cfg: ModelConfig, seq_len: int, causal: bool) -> float:
+  """Keys per query that self-attention's score and value products run
+  over, averaged over a row: seq_len, or, for a purely causal mask on the
+  einsum kernel, those of its blocks (layers.causal_blocks)."""
+  if not causal or layers.attention_impl(cfg, deterministic=False) != 'einsum':
+    return float(seq_len)
+  blocks = layers.causal_blocks(seq_len, seq_len, cfg.causal_chunk)
+  return sum((q1 - q0) * s1 for q0, q1, s1 in blocks) / seq_len
 
 
 def stack_flops_per_row(
