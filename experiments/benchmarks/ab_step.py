@@ -32,6 +32,12 @@ Variants of causal self-attention (decoders; model.causal_chunk):
 - `causal`: the default, query blocks against the keys up to each block's
   end (layers.causal_blocks);
 - `causal_full`: the whole L x L square, masked, as before.
+
+Variants of top-1 and sampling over the vocabulary (models/heads.py):
+- `vocab`: the default, heads.is_argmax for the token accuracies and
+  heads.sample_categorical for ELECTRA's generator samples;
+- `vocab_jax`: jnp.argmax(logits) == labels and jax.random.categorical,
+  as before.
 """
 
 import argparse
@@ -50,7 +56,7 @@ from jax.extend import random as jex_random  # noqa: E402
 from pretrain_lm import configlib, sharding, train  # noqa: E402
 from pretrain_lm.bench import step  # noqa: E402
 from pretrain_lm.data import pipeline  # noqa: E402
-from pretrain_lm.models import layers, transformer  # noqa: E402
+from pretrain_lm.models import heads, layers, transformer  # noqa: E402
 
 
 def flax_mask(rng, shape, keep_prob):
@@ -77,6 +83,7 @@ def full_last_layer(stack, x_BLD, ctx, deterministic, out_BP=None):
 
 
 STACK_LAYERS = transformer.Stack._layers
+HEADS = heads.is_argmax, heads.sample_categorical
 
 
 def compile_variant(trainer, state, batch, variant: str):
@@ -91,8 +98,11 @@ def compile_variant(trainer, state, batch, variant: str):
   saved = {name: getattr(layers, name) for name in patched}
   if variant == 'last_full':
     transformer.Stack._layers = full_last_layer
-  elif variant in ('last', 'causal'):
+  elif variant in ('last', 'causal', 'vocab'):
     pass
+  elif variant == 'vocab_jax':
+    heads.is_argmax = lambda logits, labels: jnp.argmax(logits, -1) == labels
+    heads.sample_categorical = jax.random.categorical
   elif variant == 'causal_full':
     layers.causal_blocks = lambda L, S, chunk: [(0, L, S)]
   elif variant == 'flax':
@@ -109,6 +119,7 @@ def compile_variant(trainer, state, batch, variant: str):
     jax.clear_caches()  # retrace: the patch is invisible to jit's cache
     return trainer.train_step.lower(state, batch).compile()
   finally:
+    heads.is_argmax, heads.sample_categorical = HEADS
     transformer.Stack._layers = STACK_LAYERS
     for name, value in saved.items():
       setattr(layers, name, value)

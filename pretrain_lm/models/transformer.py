@@ -387,9 +387,9 @@ def stack_flops_per_token(
   run over (attended_keys: L, or fewer for a `causal` stack's blocks),
   and, with cross-attention, its query and output projections and its
   products over the cross_len encoder positions (its key and value
-  projections run once per encoder position: see kv_flops). The factorised embedding projection adds 6·E·D.
-  Embedding lookups, norms and softmax are not matmuls and, as in the MFU
-  convention, are left out.
+  projections run once per encoder position: see kv_flops). The factorised
+  embedding projection adds 6·E·D. Embedding lookups, norms and softmax are
+  not matmuls and, as in the MFU convention, are left out.
   """
   D, H, K, F = cfg.emb_dim, cfg.num_heads, cfg.head_dim, cfg.mlp_dim
   mlp = (3 if cfg.is_glu else 2) * D * F
