@@ -390,31 +390,20 @@ def test_causal_blocks_are_the_full_attention_with_the_same_dropout(
 
   def run(chunk):
     model = MODELS[family](dataclasses.replace(cfg, causal_chunk=chunk))
+    rngs = {'dropout': jax.random.key(3)}
+    apply = lambda p: model.apply(
+      {'params': p}, batch, deterministic=False, rngs=rngs
+    )
 
     def loss(p):
-      out = model.apply(
-        {'params': p},
-        batch,
-        deterministic=False,
-        rngs={'dropout': jax.random.key(3)},
-      )
+      out = apply(p)
       # Real tokens only: a pad query sees no key, so its (unread) output
       # is uniform over whichever keys its block has.
       total = sum((out[k][..., 7] * real).sum() for k in keys)
       return total, {k: out[k] for k in keys}
 
     grads, out = jax.grad(loss, has_aux=True)(params)
-    text = str(
-      jax.make_jaxpr(
-        lambda p: model.apply(
-          {'params': p},
-          batch,
-          deterministic=False,
-          rngs={'dropout': jax.random.key(3)},
-        )
-      )(params)
-    )
-    return out, grads, text
+    return out, grads, str(jax.make_jaxpr(apply)(params))
 
   want, want_grads, want_text = run(0)
   got, got_grads, got_text = run(5)
