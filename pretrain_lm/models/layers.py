@@ -530,32 +530,29 @@ class MultiHeadAttention(nn.Module):
     if cfg.attention_scale:
       q = q / jnp.sqrt(cfg.head_dim).astype(dtype)
 
-    def block(x, q0, q1, s1):  # x's [..., q0:q1, :s1] of [..., L, S]
-      whole = (q0, q1, s1) == (0, L, S)
-      return x if x is None or whole else x[..., q0:q1, :s1]
+    def part(x, q0, q1, s1):  # x's [..., q0:q1, :s1] of [..., L, S]
+      return None if x is None else x[..., q0:q1, :s1]
 
     probs = []
-    for q0, q1, s1 in blocks:
-      whole = (q0, q1, s1) == (0, L, S)
-      q_, k_ = (q, k) if whole else (q[:, q0:q1], k[:, :s1])
-      logits_BHLS = jnp.einsum('BLHK,BSHK->BHLS', q_, k_)
+    for q0, q1, s1 in blocks:  # one block, (0, L, S): the slices are no-ops
+      logits_BHLS = jnp.einsum('BLHK,BSHK->BHLS', q[:, q0:q1], k[:, :s1])
       # Softmax in float32: bf16 logits lose the small differences that
       # matter.
       logits_BHLS = logits_BHLS.astype(jnp.float32)
       if bias is not None:
-        logits_BHLS = logits_BHLS + block(bias, q0, q1, s1)
+        logits_BHLS = logits_BHLS + part(bias, q0, q1, s1)
       if mask is not None:
         big_neg = jnp.finfo(jnp.float32).min
-        logits_BHLS = jnp.where(block(mask, q0, q1, s1), logits_BHLS, big_neg)
+        logits_BHLS = jnp.where(part(mask, q0, q1, s1), logits_BHLS, big_neg)
       probs.append(jax.nn.softmax(logits_BHLS, axis=-1).astype(dtype))
     probs = Dropout(cfg.attention_dropout_rate).blocks(
       probs, (B, H, L, S), [(0, 0, q0, 0) for q0, _, _ in blocks], deterministic
     )
     outs = [
-      jnp.einsum('BHLS,BSHK->BLHK', p_BHLS, v if s1 == S else v[:, :s1])
+      jnp.einsum('BHLS,BSHK->BLHK', p_BHLS, v[:, :s1])
       for p_BHLS, (_, _, s1) in zip(probs, blocks, strict=True)
     ]
-    return outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=1)
+    return jnp.concatenate(outs, axis=1)
 
   def _update_cache(self, k_BLHK, v_BLHK, q_pos_BL, mask):
     """Writes the new keys/values at their positions; returns the cache."""
