@@ -1,5 +1,6 @@
 """The benchmark suite: model FLOPs against XLA, the CLI, the peer's inputs."""
 
+import gzip
 import json
 import os
 import re
@@ -236,7 +237,12 @@ def test_exported_step_is_the_trainers_step(tmp_path, tokenizer_path):
   )
   export.write(str(tmp_path / 'exported'), *out, batch)
   # Two steps: the second's loss also checks the first step's update.
-  r = run_exported.run(str(tmp_path / 'exported'), steps=2, warmup=0)
+  r = run_exported.run(
+    str(tmp_path / 'exported'),
+    steps=2,
+    warmup=0,
+    profile_dir=str(tmp_path / 'profile'),
+  )
   # The Trainer's own two steps on the same batch, from its own init.
   trainer = train.Trainer(c, str(tmp_path / 'ref'), mesh=one_device(c))
   state = trainer.initial_state()
@@ -253,6 +259,16 @@ def test_exported_step_is_the_trainers_step(tmp_path, tokenizer_path):
     )
   )
   assert r['backend'] == 'cpu' and 'mfu' not in r  # no datasheet CPU peak
+  assert r['step_s_pipelined'] > 0
+  # The profile's two steps ran XLA's ops on the CPU's thunk threads.
+  thunks = r['profile']['timelines']['CPU thunks']
+  assert r['profile']['steps'] == 2 and thunks['busy_ms'] > 0
+  assert sum(thunks['ops'].values()) == pytest.approx(thunks['busy_ms'])
+  assert any('fusion' in op for op in thunks['ops'])
+  # Compiling from the shapes alone gives the same program's memory.
+  c = run_exported.compile_only(str(tmp_path / 'exported'))
+  assert c['memory_gib'] == pytest.approx(r['memory_gib'])
+  assert c['compile_s'] > 0 and c['init_compile_s'] > 0
 
 
 def test_export_lowers_cudnn_attention_off_a_gpu(tmp_path, tokenizer_path):
@@ -296,3 +312,78 @@ def test_gpu_side_benchmarks_import_no_tensorflow():
     'pretrain_lm.bench.run_exported',
   )
   imports_without(tf, 'pretrain_lm.bench.decode, pretrain_lm.bench.__main__')
+
+
+def test_profile_sums_device_streams_and_names_their_sources(tmp_path):
+  # A GPU trace's shape (what jax.profiler writes there), built by hand:
+  # kernels on two streams, host events that are not the device's.
+  from pretrain_lm.bench import profile  # noqa: PLC0415
+
+  def meta(pid, tid, kind, name):
+    return {
+      'ph': 'M',
+      'pid': pid,
+      'tid': tid,
+      'name': kind,
+      'args': {'name': name},
+    }
+
+  def op(pid, tid, name, dur):
+    return {
+      'ph': 'X',
+      'pid': pid,
+      'tid': tid,
+      'name': name,
+      'ts': 0,
+      'dur': dur,
+    }
+
+  events = [
+    meta(1, 0, 'process_name', '/device:GPU:0'),
+    meta(1, 7, 'thread_name', 'Stream #7(Compute)'),
+    meta(1, 9, 'thread_name', 'Stream #9(MemcpyD2H)'),
+    meta(1, 2, 'thread_name', 'XLA Ops'),
+    meta(2, 0, 'process_name', '/host:CPU'),
+    meta(2, 3, 'thread_name', 'python'),
+    op(1, 7, 'loop_add_fusion_3', 3000),
+    op(1, 7, 'nvjet_sm90_gemm', 5000),
+    op(1, 7, 'loop_add_fusion_3', 1000),
+    op(1, 9, 'memcpy', 500),
+    op(1, 2, 'add_fusion.3', 4000),
+    op(1, 2, 'add_fusion.4', 1000),
+    op(2, 3, 'PjitFunction(step)', 20000),
+  ]
+  path = tmp_path / 'x.trace.json.gz'
+  with gzip.open(path, 'wt') as f:
+    json.dump({'traceEvents': events}, f)
+  s = profile.summarize(str(path))
+  streams, ops = s['timelines']['Stream'], s['timelines']['XLA Ops']
+  assert set(s['timelines']) == {'Stream', 'XLA Ops'}  # no host events
+  assert streams['busy_ms'] == pytest.approx(9.5)
+  assert streams['ops'] == {
+    'nvjet_sm90_gemm': 5.0,
+    'loop_add_fusion_3': 4.0,
+    'memcpy': 0.5,
+  }
+  # Numbered clones of one op add up, and say they were merged.
+  assert ops['ops'] == {'add_fusion': 5.0} and ops['merged'] == {
+    'add_fusion': 2
+  }
+  hlo = (
+    '  %loop_add_fusion.3 = bf16[8,16]{1,0} fusion(%p0, %p1), kind=kLoop, '
+    'calls=%fused_add, metadata={op_name="jit(step)/jit(train_step)/'
+    'encoder/add" source_file="x.py" source_line=3}\n'
+    '  ROOT %custom-call.1 = f32[4]{0} custom-call(%p2), '
+    'custom_call_target="__cublas$gemm"\n'
+    '  %add.2 = f32[4]{0} add(%a, %b)\n'
+  )
+  sources = profile.hlo_sources(hlo)
+  assert sources == {
+    'loop_add_fusion_3': 'bf16[8,16]{1,0} encoder/add',
+    'custom_call_1': 'f32[4]{0} ',
+  }
+  text = profile.format_summary(
+    {**s, 'wall_s': 0.02, 'steps': 2}, sources=sources
+  )
+  assert '== Stream: 9.5 ms busy in 4 events, 48% of the wall time' in text
+  assert '<- bf16[8,16]{1,0} encoder/add' in text

@@ -1,6 +1,7 @@
 """Times a train step exported by pretrain_lm.bench.export; jax + numpy only.
 
   python -m pretrain_lm.bench.run_exported DIR [DIR ...] [--steps=N]
+      [--compile_only] [--profile_dir=D]
 
 Deserializes DIR's init and step, builds the state on the default device,
 compiles the step with the state donated, and times it the way
@@ -10,6 +11,13 @@ figures; MFU is against this device kind's datasheet peak
 (metrics.PEAK_FLOPS). Of pretrain_lm it imports only bench.timing and
 metrics (whose TensorFlow import waits for a MetricWriter), so it runs
 where only JAX is installed.
+
+--compile_only compiles DIR's init and step from their shapes alone (no
+device memory, no run) and reports the compile times: with JAX's
+persistent compilation cache on, several of them can compile side by side
+in separate processes, and the timing run that follows loads the programs
+from the cache. --profile_dir traces two more steps after the timed ones
+and adds where their time went (bench/profile.py) to the JSON line.
 """
 
 import argparse
@@ -23,7 +31,7 @@ import jax
 import numpy as np
 
 from pretrain_lm import metrics as metrics_lib
-from pretrain_lm.bench import timing
+from pretrain_lm.bench import profile, timing
 
 
 def load(directory: str):
@@ -44,8 +52,40 @@ def log(message: str) -> None:
   print(f'[{time.strftime("%H:%M:%S")}] {message}', file=sys.stderr, flush=True)
 
 
-def run(directory: str, *, steps: int, warmup: int) -> dict:
-  """Times DIR's step; returns the figures."""
+def compile_only(directory: str) -> dict:
+  """Compiles DIR's init and step for their shapes; returns the times."""
+  manifest, init, step, batch = load(directory)
+  device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in batch.items()}
+  start = time.perf_counter()
+  jax.jit(init.call).lower(batch).compile()
+  init_compile_s = time.perf_counter() - start
+  # The init's outputs are committed to the device: so is the step's state.
+  leaves = jax.tree.map(
+    lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=device),
+    jax.tree.unflatten(init.out_tree, init.out_avals),
+  )
+  start = time.perf_counter()
+  compiled = jax.jit(step.call, donate_argnums=0).lower(leaves, batch).compile()
+  return {
+    'what': 'compile',
+    'exported': directory,
+    'backend': jax.default_backend(),
+    'device_kind': jax.devices()[0].device_kind,
+    'jax': jax.__version__,
+    'init_compile_s': init_compile_s,
+    'compile_s': time.perf_counter() - start,
+    'memory_gib': timing.peak_memory_gib(compiled),
+    'xla_flags': os.environ.get('XLA_FLAGS', ''),
+    'batch_size': manifest['batch_size'],
+  }
+
+
+def run(
+  directory: str, *, steps: int, warmup: int, profile_dir: str | None = None
+) -> dict:
+  """Times DIR's step; returns the figures (and the profile's summary if
+  `profile_dir` is given)."""
   manifest, init, step, batch = load(directory)
   batch = jax.device_put(batch)
   log(f'{directory}: compiling and running the initialisation')
@@ -62,6 +102,8 @@ def run(directory: str, *, steps: int, warmup: int) -> dict:
   timing.time_in_turn([timed], steps=steps, warmup=warmup)
   tokens, flops = manifest['tokens_per_step'], manifest['model_flops_per_step']
   figures = timing.run_figures(timed, tokens, flops)
+  # As the training loop runs: each step dispatched while the last runs.
+  figures['step_s_pipelined'] = timing.time_pipelined(timed, steps=steps)
   peak = metrics_lib.peak_flops_per_device()
   result = {
     'what': 'train',
@@ -75,6 +117,7 @@ def run(directory: str, *, steps: int, warmup: int) -> dict:
     'jax': jax.__version__,
     'jax_exported_with': manifest['jax_exported_with'],
     'prng_impl': manifest.get('prng_impl', 'not recorded'),
+    'xla_flags': os.environ.get('XLA_FLAGS', ''),
     'host': platform.node(),
     'batch_size': manifest['batch_size'],
     'shapes': manifest['shapes'],
@@ -88,6 +131,26 @@ def run(directory: str, *, steps: int, warmup: int) -> dict:
     result['peak_tflops'] = peak / 1e12
     result['peak_source'] = 'datasheet'
     result['mfu'] = flops / figures['step_s'] / peak
+    result['mfu_pipelined'] = flops / figures['step_s_pipelined'] / peak
+  if profile_dir:
+    name = os.path.basename(os.path.normpath(directory))
+    log(f'{directory}: profiling two steps')
+    try:
+      timed.state, summary = profile.profile_steps(
+        timed.step,
+        timed.state,
+        batch,
+        steps=2,
+        directory=os.path.join(profile_dir, name),
+      )
+    except Exception as e:  # noqa: BLE001 (the timing stands without it)
+      result['profile_error'] = f'{type(e).__name__}: {e}'
+      log(f'{directory}: no profile: {result["profile_error"]}')
+    else:
+      result['profile'] = summary
+      sources = profile.hlo_sources(timed.step.as_text())
+      table = profile.format_summary(summary, sources=sources)
+      print(f'== {name}\n{table}', file=sys.stderr)
   return result
 
 
@@ -96,11 +159,29 @@ def main(argv: list[str]) -> int:
   parser.add_argument('dirs', nargs='+', help='Directories export wrote.')
   parser.add_argument('--steps', type=int, default=10, help='Timed steps.')
   parser.add_argument('--warmup', type=int, default=2, help='Untimed steps.')
+  parser.add_argument(
+    '--compile_only',
+    action='store_true',
+    help='Compile the init and step from their shapes; time nothing.',
+  )
+  parser.add_argument(
+    '--profile_dir',
+    default=None,
+    help='Trace two steps after the timed ones here and summarise them.',
+  )
   args = parser.parse_args(argv)
   failed = 0
   for directory in args.dirs:
     try:
-      result = run(directory, steps=args.steps, warmup=args.warmup)
+      if args.compile_only:
+        result = compile_only(directory)
+      else:
+        result = run(
+          directory,
+          steps=args.steps,
+          warmup=args.warmup,
+          profile_dir=args.profile_dir,
+        )
     except Exception as e:  # noqa: BLE001 (report it, time the others)
       print(f'{directory}: {type(e).__name__}: {e}', file=sys.stderr)
       failed += 1

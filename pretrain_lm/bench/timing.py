@@ -61,6 +61,19 @@ def time_in_turn(runs: Sequence[Run], *, steps: int, warmup: int) -> None:
       )
 
 
+def time_pipelined(run: Run, *, steps: int) -> float:
+  """Mean step time over `steps` steps dispatched back to back, waited for
+  at the end only: as the training loop runs them (it fetches each step's
+  metrics a step late), so one step's dispatch overlaps the last's work.
+  Updates the run's state and metrics."""
+  jax.block_until_ready(run.state)
+  start = time.perf_counter()
+  for _ in range(steps):
+    run.state, run.metrics = run.step(run.state, run.batch)
+  jax.block_until_ready((run.state, run.metrics))
+  return (time.perf_counter() - start) / steps
+
+
 def step_figures(
   times: list[float], tokens: int, flops: float
 ) -> dict[str, float]:
