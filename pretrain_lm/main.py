@@ -18,7 +18,7 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 from absl import app, flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from pretrain_lm import distributed, validate  # noqa: E402
+from pretrain_lm import distributed, validate, xla_flags  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file(
   'config',
@@ -36,6 +36,7 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
   config, workdir = _CONFIG.value, _WORKDIR.value
+  xla_flags.apply_gpu_defaults()  # before JAX starts a backend
   if not flags.FLAGS['verbosity'].present:
     # Orbax logs every save at INFO; metrics and progress are on the console.
     logging.set_verbosity(logging.WARNING)

@@ -39,7 +39,7 @@ import jax  # noqa: E402
 from absl import app, flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from pretrain_lm import validate  # noqa: E402
+from pretrain_lm import validate, xla_flags  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file(
   'config', None, 'Config file, e.g. configs/bert.py:size=base.'
@@ -216,6 +216,7 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
   config = _CONFIG.value
+  xla_flags.apply_gpu_defaults()  # before JAX starts a backend
   if not flags.FLAGS['verbosity'].present:
     logging.set_verbosity(logging.WARNING)
   if _WHAT.value == 'train':

@@ -31,6 +31,7 @@ import jax
 import numpy as np
 
 from pretrain_lm import metrics as metrics_lib
+from pretrain_lm import xla_flags
 from pretrain_lm.bench import profile, timing
 
 
@@ -170,6 +171,7 @@ def main(argv: list[str]) -> int:
     help='Trace two steps after the timed ones here and summarise them.',
   )
   args = parser.parse_args(argv)
+  xla_flags.apply_gpu_defaults()  # before JAX starts a backend
   failed = 0
   for directory in args.dirs:
     try:

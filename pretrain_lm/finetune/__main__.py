@@ -14,7 +14,7 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 from absl import app, flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from pretrain_lm import validate  # noqa: E402
+from pretrain_lm import validate, xla_flags  # noqa: E402
 from pretrain_lm.finetune import config as config_lib  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -36,6 +36,7 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
   config, workdir = _CONFIG.value, _WORKDIR.value
+  xla_flags.apply_gpu_defaults()  # before JAX starts a backend
   if _INIT.value is not None:
     config.init.workdir = _INIT.value
   if not flags.FLAGS['verbosity'].present:

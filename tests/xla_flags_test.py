@@ -1,0 +1,66 @@
+"""pretrain_lm.xla_flags: the GPU defaults added to XLA_FLAGS."""
+
+import os
+import subprocess
+import sys
+
+from conftest import REPO
+
+from pretrain_lm import xla_flags
+
+
+def test_adds_the_gpu_defaults_after_the_users_flags():
+  env = {'XLA_FLAGS': '--xla_force_host_platform_device_count=8'}
+  added = xla_flags.apply_gpu_defaults(env, gpu=True)
+  assert added == ['--xla_gpu_enable_triton_gemm=false']
+  assert env['XLA_FLAGS'] == (
+    '--xla_force_host_platform_device_count=8 '
+    '--xla_gpu_enable_triton_gemm=false'
+  )
+  assert xla_flags.apply_gpu_defaults(env, gpu=True) == []  # once only
+  empty = {}
+  xla_flags.apply_gpu_defaults(empty, gpu=True)
+  assert empty == {'XLA_FLAGS': '--xla_gpu_enable_triton_gemm=false'}
+
+
+def test_a_flag_the_user_set_is_left_as_it_is():
+  env = {'XLA_FLAGS': '--xla_gpu_enable_triton_gemm=true'}
+  assert xla_flags.apply_gpu_defaults(env, gpu=True) == []
+  assert env == {'XLA_FLAGS': '--xla_gpu_enable_triton_gemm=true'}
+
+
+def test_nothing_changes_without_a_gpu():
+  env = {'XLA_FLAGS': '--xla_force_host_platform_device_count=8'}
+  assert xla_flags.apply_gpu_defaults(env, gpu=False) == []
+  assert env == {'XLA_FLAGS': '--xla_force_host_platform_device_count=8'}
+  # By default the decision is whether JAX has a CUDA plugin to load.
+  env = {}
+  added = xla_flags.apply_gpu_defaults(env)
+  assert bool(added) == xla_flags.cuda_plugin_installed()
+
+
+def test_xla_knows_every_default_flag():
+  # XLA aborts on a flag it does not know: a misspelt default would stop
+  # every GPU run at start-up. Its flags are the same on every backend.
+  env = dict(os.environ, JAX_PLATFORMS='cpu')
+  env['XLA_FLAGS'] = ' '.join(
+    f'--{name}={value}' for name, value in xla_flags.GPU_DEFAULTS.items()
+  )
+  out = subprocess.run(
+    [sys.executable, '-c', 'import jax; print(jax.numpy.ones(3).sum())'],
+    cwd=REPO,
+    env=env,
+    capture_output=True,
+    text=True,
+  )
+  assert out.returncode == 0, out.stderr[-2000:]
+  assert out.stdout.strip() == '3.0'
+  env['XLA_FLAGS'] = '--xla_gpu_enable_triton_gem=false'  # the check checks
+  bad = subprocess.run(
+    [sys.executable, '-c', 'import jax; jax.numpy.ones(3)'],
+    cwd=REPO,
+    env=env,
+    capture_output=True,
+    text=True,
+  )
+  assert bad.returncode != 0
