@@ -167,3 +167,82 @@ def test_other_prng_implementations_draw_each_block_apart():
   assert (np.asarray(a) != np.asarray(b)).mean() > 0.99
   mask, _ = layers.keep_mask(key, (2, 32, 64), 0.75, (full, (0, 32, 0)))
   assert abs(np.asarray(mask).mean() - 0.75) < 0.03
+
+
+@pytest.mark.parametrize('bidirectional', [True, False])
+def test_relative_bias_by_index_is_the_positions_bias_within_segments(
+  bidirectional,
+):
+  from pretrain_lm.models.config import ModelConfig  # noqa: PLC0415
+
+  # Rows of 200 (past max_distance=40, into the log-spaced buckets): packed
+  # segments whose positions restart at 0, and a pad tail at position 0.
+  cfg = ModelConfig(
+    vocab_size=8, num_heads=3, relative_buckets=12, relative_max_distance=40
+  )
+  L = 200
+  lengths = [[150, 30, 20], [7, 193, 0], [200, 0, 0]]
+  segments = np.zeros((3, L), np.int32)
+  positions = np.zeros((3, L), np.int32)
+  for b, row in enumerate(lengths):
+    start = 0
+    for s, n in enumerate(row):
+      segments[b, start : start + n] = s + 1
+      positions[b, start : start + n] = np.arange(n)
+      start += n
+  table = jax.random.normal(jax.random.key(0), (12, 3))
+  by_positions = layers.relative_bias(
+    table, positions, positions, cfg, bidirectional
+  )
+  by_index = layers.relative_bias_by_index(table, L, L, cfg, bidirectional)
+  assert by_index.shape == (1, 3, L, L)
+  same = (segments[:, None, :] == segments[:, :, None]) & (segments > 0)[
+    :, None
+  ]
+  same = np.broadcast_to(same[:, None], by_positions.shape)
+  got = np.broadcast_to(np.asarray(by_index), by_positions.shape)
+  np.testing.assert_array_equal(got[same], np.asarray(by_positions)[same])
+  # Across segments the offsets differ: the mask hides those pairs.
+  assert not np.array_equal(got[~same], np.asarray(by_positions)[~same])
+  # Its gradient reaches the table as the positions' bias's does (up to
+  # float32 sums of some 30,000 terms of either order).
+  cot = jax.random.normal(jax.random.key(1), by_positions.shape) * same
+
+  def grad(f):
+    return jax.grad(lambda t: jnp.sum(f(t) * cot))(table)
+
+  np.testing.assert_allclose(
+    grad(lambda t: layers.relative_bias_by_index(t, L, L, cfg, bidirectional)),
+    grad(
+      lambda t: layers.relative_bias(
+        t, positions, positions, cfg, bidirectional
+      )
+    ),
+    rtol=1e-5,
+    atol=1e-3,
+  )
+
+
+def test_broadcast_rows_sums_its_gradient_as_a_product():
+  x = jax.random.normal(jax.random.key(0), (1, 3, 5, 7))
+  w = jax.random.normal(jax.random.key(1), (4, 3, 5, 7))
+
+  def loss(broadcast):
+    return lambda x: jnp.sum(jnp.sin(broadcast(x)) * w)
+
+  ours = loss(lambda x: layers.broadcast_rows(x, 4))
+  ref = loss(lambda x: jnp.broadcast_to(x, (4, 3, 5, 7)))
+  assert ours(x) == ref(x)
+  np.testing.assert_allclose(
+    jax.grad(ours)(x), jax.grad(ref)(x), rtol=1e-6, atol=1e-6
+  )
+
+  # On the CPU the rows are summed by a dot with ones, not by a reduce over
+  # axis 0 (the slow form there); on a GPU by the reduce.
+  def lowered(platform):
+    traced = jax.jit(jax.grad(ours)).trace(x)
+    return traced.lower(lowering_platforms=(platform,)).as_text()
+
+  row_sum = 'across dimensions = [0]'
+  assert 'dot_general' in lowered('cpu') and row_sum not in lowered('cpu')
+  assert 'dot_general' not in lowered('cuda') and row_sum in lowered('cuda')

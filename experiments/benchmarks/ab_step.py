@@ -38,6 +38,12 @@ Variants of top-1 and sampling over the vocabulary (models/heads.py):
   heads.sample_categorical for ELECTRA's generator samples;
 - `vocab_jax`: jnp.argmax(logits) == labels and jax.random.categorical,
   as before.
+
+Variants of T5's relative attention bias (model.position='relative'):
+- `relative`: the default, one [1, H, L, S] bias per stack from the
+  query and key indices (layers.relative_bias_by_index);
+- `relative_rows`: each layer gathers a [B, H, L, S] bias at every row's
+  positions (layers.relative_bias), as before.
 """
 
 import argparse
@@ -94,15 +100,18 @@ def compile_variant(trainer, state, batch, variant: str):
     'random_words',
     'threefry2x32',
     'causal_blocks',
+    'relative_bias_by_index',
   )
   saved = {name: getattr(layers, name) for name in patched}
   if variant == 'last_full':
     transformer.Stack._layers = full_last_layer
-  elif variant in ('last', 'causal', 'vocab'):
+  elif variant in ('last', 'causal', 'vocab', 'relative'):
     pass
   elif variant == 'vocab_jax':
     heads.is_argmax = lambda logits, labels: jnp.argmax(logits, -1) == labels
     heads.sample_categorical = jax.random.categorical
+  elif variant == 'relative_rows':  # no stack bias: layers use the table
+    layers.relative_bias_by_index = lambda *args, **kwargs: None
   elif variant == 'causal_full':
     layers.causal_blocks = lambda L, S, chunk: [(0, L, S)]
   elif variant == 'flax':

@@ -110,6 +110,7 @@ class TransformerLayer(nn.Module):
         q_pos_BL=ctx['positions'],
         k_pos_BS=ctx.get('kv_positions', ctx['positions']),
         rel_table=ctx['rel_table'],
+        rel_bias=ctx.get('rel_bias'),
         bidirectional=not self.causal,
         causal_chunk=causal_chunk,
       )
@@ -265,6 +266,10 @@ class Stack(nn.Module):
         (cfg.relative_buckets, cfg.num_heads),
         cfg.jnp_param_dtype,
       )
+      if not self.decode:  # the cache's keys sit at their positions
+        ctx['rel_bias'] = layers.relative_bias_by_index(
+          ctx['rel_table'], L, L, cfg, bidirectional=not self.causal
+        )
 
     embedded_BLD = x_BLD
     x_BLD, states = self._layers(x_BLD, ctx, deterministic, output_positions_BP)
@@ -366,6 +371,8 @@ def outputs_ctx(ctx: dict, x_BLD: Array, positions_BP: Array) -> dict:
   out = dict(ctx, kv=x_BLD, kv_positions=ctx['positions'])
   out['positions'] = rows_at(ctx['positions'], positions_BP)
   out['mask'] = query_rows(ctx['mask'])
+  # The queries are no longer at their indices: the bias follows positions.
+  out['rel_bias'] = None
   if ctx['cross_mask'] is not None:
     out['cross_mask'] = query_rows(ctx['cross_mask'])
   return out
