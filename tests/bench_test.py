@@ -320,23 +320,10 @@ def test_profile_sums_device_streams_and_names_their_sources(tmp_path):
   from pretrain_lm.bench import profile  # noqa: PLC0415
 
   def meta(pid, tid, kind, name):
-    return {
-      'ph': 'M',
-      'pid': pid,
-      'tid': tid,
-      'name': kind,
-      'args': {'name': name},
-    }
+    return dict(ph='M', pid=pid, tid=tid, name=kind, args={'name': name})
 
   def op(pid, tid, name, dur):
-    return {
-      'ph': 'X',
-      'pid': pid,
-      'tid': tid,
-      'name': name,
-      'ts': 0,
-      'dur': dur,
-    }
+    return dict(ph='X', pid=pid, tid=tid, name=name, ts=0, dur=dur)
 
   events = [
     meta(1, 0, 'process_name', '/device:GPU:0'),

@@ -39,28 +39,27 @@ def test_nothing_changes_without_a_gpu():
   assert bool(added) == xla_flags.cuda_plugin_installed()
 
 
-def test_xla_knows_every_default_flag():
-  # XLA aborts on a flag it does not know: a misspelt default would stop
-  # every GPU run at start-up. Its flags are the same on every backend.
-  env = dict(os.environ, JAX_PLATFORMS='cpu')
-  env['XLA_FLAGS'] = ' '.join(
-    f'--{name}={value}' for name, value in xla_flags.GPU_DEFAULTS.items()
-  )
-  out = subprocess.run(
+def run_jax(xla_flags_value: str) -> subprocess.CompletedProcess:
+  """A sum on the CPU in a fresh Python started with these XLA_FLAGS."""
+  env = dict(os.environ, JAX_PLATFORMS='cpu', XLA_FLAGS=xla_flags_value)
+  return subprocess.run(
     [sys.executable, '-c', 'import jax; print(jax.numpy.ones(3).sum())'],
     cwd=REPO,
     env=env,
     capture_output=True,
     text=True,
   )
+
+
+def test_xla_knows_every_default_flag():
+  # XLA aborts on a flag it does not know: a misspelt default would stop
+  # every GPU run at start-up. Its flags are the same on every backend.
+  out = run_jax(
+    ' '.join(
+      f'--{name}={value}' for name, value in xla_flags.GPU_DEFAULTS.items()
+    )
+  )
   assert out.returncode == 0, out.stderr[-2000:]
   assert out.stdout.strip() == '3.0'
-  env['XLA_FLAGS'] = '--xla_gpu_enable_triton_gem=false'  # the check checks
-  bad = subprocess.run(
-    [sys.executable, '-c', 'import jax; jax.numpy.ones(3)'],
-    cwd=REPO,
-    env=env,
-    capture_output=True,
-    text=True,
-  )
-  assert bad.returncode != 0
+  # The check checks: a misspelt flag fails.
+  assert run_jax('--xla_gpu_enable_triton_gem=false').returncode != 0
