@@ -8,9 +8,10 @@ compiles the step with the state donated, and times it the way
 `python -m pretrain_lm.bench` does (each step waited for; the median of
 --steps after --warmup). Prints one JSON line per DIR with the bench's
 figures; MFU is against this device kind's datasheet peak
-(metrics.PEAK_FLOPS). Of pretrain_lm it imports only bench.timing and
-metrics (whose TensorFlow import waits for a MetricWriter), so it runs
-where only JAX is installed.
+(metrics.PEAK_FLOPS). Of pretrain_lm it imports only bench.timing,
+bench.profile, xla_flags and metrics (whose TensorFlow import waits for a
+MetricWriter), so it runs where only JAX is installed. On a GPU it adds
+xla_flags.GPU_DEFAULTS to XLA_FLAGS, as the training commands do.
 
 --compile_only compiles DIR's init and step from their shapes alone (no
 device memory, no run) and reports the compile times: with JAX's
