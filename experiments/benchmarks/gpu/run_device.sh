@@ -2,7 +2,8 @@
 # Times train steps exported by `python -m pretrain_lm.bench.export` on a
 # GPU machine that has JAX but not our input stack; run from the
 # repository root: run_device.sh DIR... (experiments/benchmarks/README.md,
-# "Train steps on one H100", has the export commands and the results).
+# "Train steps on one H200" and "... one H100", have the export commands
+# and the results).
 #
 # Two passes. First every DIR's init and step compile side by side, one
 # process each (`run_exported --compile_only`, shapes only, no device
