@@ -417,8 +417,9 @@ def broadcast_rows(x_1X: Array, rows: int) -> Array:
   A batch-shared bias's gradient is that sum. As a reduce over the leading
   axis of [B, H, L, S], XLA:CPU takes 35x longer than as the product (72
   against 2 ms for 4 x 12 x 512 x 512), which made T5-base's CPU step 3%
-  slower than gathering a bias per row. XLA:GPU's reduce runs near the
-  memory bandwidth (T5-base on an H200), so other backends keep it.
+  slower than gathering a bias per row. On an H200, XLA:GPU's reduce of
+  T5-base's 128 x 12 x 512 x 512 bf16 gradient took 0.22 ms a layer
+  (about 3.6 TB/s, from a profile), so other backends keep it.
   """
   return jnp.broadcast_to(x_1X, (rows,) + x_1X.shape[1:])
 

@@ -266,7 +266,10 @@ class Stack(nn.Module):
         (cfg.relative_buckets, cfg.num_heads),
         cfg.jnp_param_dtype,
       )
-      if not self.decode:  # the cache's keys sit at their positions
+      # By index: the positions' bias wherever positions count up within
+      # a segment, as packing makes them. Not while decoding: the cache's
+      # keys sit at their positions.
+      if not self.decode:
         ctx['rel_bias'] = layers.relative_bias_by_index(
           ctx['rel_table'], L, L, cfg, bidirectional=not self.causal
         )
