@@ -4,6 +4,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 from conftest import REPO
 
 from pretrain_lm import xla_flags
@@ -63,3 +64,54 @@ def test_xla_knows_every_default_flag():
   assert out.stdout.strip() == '3.0'
   # The check checks: a misspelt flag fails.
   assert run_jax('--xla_gpu_enable_triton_gem=false').returncode != 0
+
+
+# Each entry point runs as `python -m` with apply_gpu_defaults replaced by a
+# stand-in that reports whether a JAX backend had started and then exits.
+_ENTRY_POINT = """
+import runpy, sys
+from jax._src import xla_bridge
+from pretrain_lm import xla_flags
+
+def applied(*args, **kwargs):
+  print('backend started:', xla_bridge.backends_are_initialized())
+  raise SystemExit(0)
+
+xla_flags.apply_gpu_defaults = applied
+module = sys.argv[1]
+sys.argv = [module, *sys.argv[2:]]
+runpy.run_module(module, run_name='__main__', alter_sys=True)
+print('never applied')
+"""
+
+
+@pytest.mark.parametrize(
+  'module, args',
+  [
+    ('pretrain_lm.main', ['--config=configs/bert.py:size=tiny']),
+    (
+      'pretrain_lm.finetune',
+      ['--config=configs/finetune/glue.py:task=sst2', '--init=unused'],
+    ),
+    ('pretrain_lm.bench', ['--config=configs/bert.py:size=tiny']),
+    ('pretrain_lm.bench.run_exported', ['unused']),
+  ],
+)
+def test_every_entry_point_applies_the_defaults_before_jax_starts(
+  module, args, tmp_path
+):
+  if module != 'pretrain_lm.bench.run_exported':
+    args = [*args, f'--workdir={tmp_path}']
+  out = subprocess.run(
+    [sys.executable, '-c', _ENTRY_POINT, module, *args],
+    cwd=REPO,
+    env=dict(os.environ, JAX_PLATFORMS='cpu'),
+    capture_output=True,
+    text=True,
+  )
+  said = out.stdout.strip().splitlines()
+  assert said and said[-1].startswith('backend started'), (
+    f'{module} did not call apply_gpu_defaults: {out.stderr[-2000:]}'
+  )
+  assert said[-1] == 'backend started: False'
+  assert out.returncode == 0, out.stderr[-2000:]
