@@ -185,6 +185,73 @@ def test_last_layer_at_the_predictions_is_the_full_layer_gathered(variant):
   assert mlp_shapes(full_model) == [False, True]
 
 
+def test_a_decoder_stack_at_some_positions_reads_its_cross_mask_rows():
+  # A causal stack with cross-attention (T5's and BART's decoder) on
+  # packed rows: each query's row of the cross mask must follow it.
+  cfg = dataclasses.replace(
+    bert('tiny', vocab_size=97, max_len=32, norm_position='pre'),
+    dropout_rate=0.0,
+    attention_dropout_rate=0.0,
+  )
+  rng = np.random.default_rng(0)
+  B, L, S = 2, 12, 10
+  ids = rng.integers(5, 97, (B, L)).astype(np.int32)
+  segments = np.ones((B, L), np.int32)
+  segments[0, 5:] = 2  # row 0 packs two targets
+  positions = np.tile(np.arange(L), (B, 1))
+  positions[0, 5:] -= 5
+  encoder_segments = np.ones((B, S), np.int32)
+  encoder_segments[0, 4:] = 2  # and their two inputs
+  encoded = rng.normal(size=(B, S, cfg.emb_dim)).astype(np.float32)
+  out_BP = np.array([[1, 6, 11], [0, 3, 7]], np.int32)
+
+  token_embed = layers.Embed(cfg.vocab_size, cfg, cfg.token_dim)
+  stack = transformer.Stack(
+    cfg,
+    transformer.Embedder(cfg, token_embed),
+    cfg.num_layers,
+    causal=True,
+    cross_attention=True,
+  )
+  kwargs = dict(
+    segment_ids_BL=segments,
+    positions_BL=positions,
+    deterministic=True,
+    encoded_BSD=encoded,
+    encoder_segment_ids_BS=encoder_segments,
+  )
+  params = nn.meta.unbox(stack.init(jax.random.key(0), ids, **kwargs))
+
+  def at_positions(p, enc):
+    args = dict(kwargs, encoded_BSD=enc, output_positions_BP=out_BP)
+    return stack.apply(p, ids, **args)
+
+  def gathered(p, enc):
+    full = stack.apply(p, ids, **dict(kwargs, encoded_BSD=enc))
+    return jnp.take_along_axis(full, out_BP[..., None], axis=1)
+
+  got, want = at_positions(params, encoded), gathered(params, encoded)
+  assert got.shape == (B, 3, cfg.emb_dim)
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+  loss = lambda f: lambda p, enc: jnp.sum(jnp.sin(f(p, enc)))
+  got_g = jax.grad(loss(at_positions), argnums=(0, 1))(params, encoded)
+  want_g = jax.grad(loss(gathered), argnums=(0, 1))(params, encoded)
+  jax.tree.map(
+    lambda g, w: np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4),
+    got_g,
+    want_g,
+  )
+
+  # Row 0's queries at 1 (first target) and 6 (second) each read their own
+  # input's encoder states only (0-3 and 4-9).
+  def reads(query):
+    g = jax.grad(lambda enc: at_positions(params, enc)[0, query].sum())
+    return np.abs(np.asarray(g(encoded)[0])).sum(-1) > 0
+
+  np.testing.assert_array_equal(reads(0), np.arange(S) < 4)
+  np.testing.assert_array_equal(reads(1), np.arange(S) >= 4)
+
+
 def test_padding_does_not_leak_into_real_tokens():
   model, params, batch = small_model_and_batch()
   del batch['masked_positions']  # every position's state
