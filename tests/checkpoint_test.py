@@ -159,6 +159,33 @@ def test_host_sum_equals_the_on_device_sum():
   assert on_device['split_3_ways'] != ckpt._host_checksum(put(-x, 'a'))
 
 
+def test_host_sum_equals_the_on_device_sum_for_64_bit_words():
+  """8-byte elements are two words each: NumPy's view and XLA's bitcast
+  must put them in the same order, or an x64 run's checksums would
+  disagree between the CPU and a device."""
+  mesh = jax.make_mesh((2, 4), ('a', 'b'), devices=jax.devices()[:8])
+  rng = np.random.RandomState(0)
+  with jax.enable_x64(True):
+    doubles = rng.standard_normal((4, 8))
+    longs = rng.randint(-(2**62), 2**62, (4, 8), dtype=np.int64)
+    flat = ckpt.flatten(
+      {
+        'float64': jax.device_put(doubles, NamedSharding(mesh, P('a', 'b'))),
+        'int64': jax.device_put(longs, NamedSharding(mesh, P(None, 'b'))),
+        'uint64': jnp.asarray(longs.view(np.uint64)),
+      }
+    )
+    assert flat['float64'].dtype == jnp.float64
+    on_device = ckpt._device_checksums(flat)
+    assert {k: ckpt._host_checksum(v) for k, v in flat.items()} == on_device
+    # Swapping the two words of one element changes the sum.
+    swapped = longs.copy()
+    swapped.view(np.uint32).reshape(4, 8, 2)[0, 0] = swapped.view(
+      np.uint32
+    ).reshape(4, 8, 2)[0, 0, ::-1]
+    assert ckpt._host_checksum(jnp.asarray(swapped)) != on_device['int64']
+
+
 def test_one_process_writes_replicated_shards_whole(tmp_path):
   """Orbax's replica-parallel slicing is off in a single process.
 
