@@ -67,3 +67,25 @@ def test_samples_never_pick_a_masked_entry():
   logits = jnp.full((2000, 300), -jnp.inf).at[:, 7].set(0.0).at[:, 290].set(0.0)
   draws = np.asarray(heads.sample_categorical(jax.random.key(2), logits))
   assert set(np.unique(draws)) == {7, 290}
+
+
+def test_vocab_bias_is_added_and_its_gradient_summed_over_every_row():
+  logits = jax.random.normal(jax.random.key(0), (3, 4, 50))
+  bias = jax.random.normal(jax.random.key(1), (50,))
+  w = jax.random.normal(jax.random.key(2), (3, 4, 50))
+
+  def loss(add):
+    return lambda logits, bias: jnp.sum(jnp.sin(add(logits, bias)) * w)
+
+  ours = loss(heads.add_vocab_bias)
+  ref = loss(lambda logits, bias: logits + bias)
+  assert ours(logits, bias) == ref(logits, bias)
+  got = jax.grad(ours, argnums=(0, 1))(logits, bias)
+  want = jax.grad(ref, argnums=(0, 1))(logits, bias)
+  for g, r in zip(got, want, strict=True):
+    np.testing.assert_allclose(g, r, rtol=1e-5, atol=1e-5)
+  # The bias's gradient is the product with ones (layers.broadcast_rows)
+  # over all 3 x 4 rows, not a reduce, on the CPU.
+  text = jax.jit(jax.grad(ours, argnums=1)).lower(logits, bias).as_text()
+  assert '(tensor<12x50xf32>, tensor<f32>) -> tensor<50xf32>' not in text
+  assert '(tensor<12xf32>, tensor<12x50xf32>) -> tensor<50xf32>' in text

@@ -44,6 +44,17 @@ Variants of T5's relative attention bias (model.position='relative'):
   query and key indices (layers.relative_bias_by_index);
 - `relative_rows`: each layer gathers a [B, H, L, S] bias at every row's
   positions (layers.relative_bias), as before.
+
+Variants of the MLM head's output bias (BERT, ELECTRA's generator):
+- `bias`: the default, its gradient summed over the predicted rows by
+  layers.broadcast_rows (heads.add_vocab_bias);
+- `bias_sum`: `logits + bias`, XLA's reduce summing the gradient, as before.
+
+Variants of XLA's compile options: `xla:NAME=VALUE` compiles the default
+step with that DebugOptions field set (jax's `compile(compiler_options=)`),
+for example `xla:xla_cpu_experimental_ynn_fusion_type=LIBRARY_FUSION_TYPE_DOT`
+(XLA:CPU hands only the matmuls to YNNPACK, not the reductions). A
+repeated field given this way holds that one value.
 """
 
 import argparse
@@ -89,7 +100,7 @@ def full_last_layer(stack, x_BLD, ctx, deterministic, out_BP=None):
 
 
 STACK_LAYERS = transformer.Stack._layers
-HEADS = heads.is_argmax, heads.sample_categorical
+HEADS = heads.is_argmax, heads.sample_categorical, heads.add_vocab_bias
 
 
 def compile_variant(trainer, state, batch, variant: str):
@@ -102,11 +113,18 @@ def compile_variant(trainer, state, batch, variant: str):
     'causal_blocks',
     'relative_bias_by_index',
   )
+  if variant.startswith('xla:'):
+    name, value = variant.removeprefix('xla:').split('=', 1)
+    jax.clear_caches()
+    lowered = trainer.train_step.lower(state, batch)
+    return lowered.compile(compiler_options={name: value})
   saved = {name: getattr(layers, name) for name in patched}
   if variant == 'last_full':
     transformer.Stack._layers = full_last_layer
-  elif variant in ('last', 'causal', 'vocab', 'relative'):
+  elif variant in ('last', 'causal', 'vocab', 'relative', 'bias'):
     pass
+  elif variant == 'bias_sum':
+    heads.add_vocab_bias = lambda logits, bias: logits + bias
   elif variant == 'vocab_jax':
     heads.is_argmax = lambda logits, labels: jnp.argmax(logits, -1) == labels
     heads.sample_categorical = jax.random.categorical
@@ -128,7 +146,7 @@ def compile_variant(trainer, state, batch, variant: str):
     jax.clear_caches()  # retrace: the patch is invisible to jit's cache
     return trainer.train_step.lower(state, batch).compile()
   finally:
-    heads.is_argmax, heads.sample_categorical = HEADS
+    heads.is_argmax, heads.sample_categorical, heads.add_vocab_bias = HEADS
     transformer.Stack._layers = STACK_LAYERS
     for name, value in saved.items():
       setattr(layers, name, value)

@@ -72,8 +72,21 @@ class MlmHead(nn.Module):
       (cfg.vocab_size,),
       cfg.jnp_param_dtype,
     )
-    logits_BPV = logits_BPV + bias_V.astype(cfg.jnp_dtype)
+    logits_BPV = add_vocab_bias(logits_BPV, bias_V.astype(cfg.jnp_dtype))
     return nn.with_logical_constraint(logits_BPV, layers.BLV)
+
+
+def add_vocab_bias(logits_BPV: Array, bias_V: Array) -> Array:
+  """logits + bias, the bias's gradient summed over the B*P rows by
+  layers.broadcast_rows (on the CPU a product with ones).
+
+  XLA:CPU's YNNPACK reduce sums a [rows, V] gradient over its rows slowly
+  when V is a vocabulary: 54 ms of ELECTRA-small's step for 640 x 30,522,
+  and 1.3 s against the product's 0.26 s at 4,096 x 50,265.
+  """
+  B, P, V = logits_BPV.shape
+  bias_NV = layers.broadcast_rows(bias_V[None], B * P)
+  return logits_BPV + bias_NV.reshape(B, P, V)
 
 
 class LmHead(nn.Module):
