@@ -158,6 +158,8 @@ def test_bench_train_reports_mfu_against_the_measured_peak():
     '--config.data.tokenizer_max_docs=500',
     '--steps=2',
     '--warmup=1',
+    # On the CPU only when asked: the waited steps agree with it there.
+    '--pipelined_steps=2',
     # A quick peak: the survey at base-size matmuls takes 15-30 s here.
     '--peak_sizes=256,512',
   )
@@ -178,6 +180,17 @@ def test_bench_train_reports_mfu_against_the_measured_peak():
     assert r['cpu_simd'] in ('avx512_bf16', 'avx512f', 'avx2', 'avx', 'none')
   assert r['mfu'] == pytest.approx(r['achieved_tflops'] / r['peak_tflops'])
   assert 0 < r['mfu'] < 1.5 and r['compile_s'] > 0
+  # Steps dispatched back to back, as the training loop runs them.
+  assert r['tokens_per_s_pipelined'] == pytest.approx(
+    r['tokens_per_step'] / r['step_s_pipelined'], rel=1e-6
+  )
+  assert r['mfu_pipelined'] == pytest.approx(
+    r['tokens_per_s_pipelined']
+    * r['model_flops_per_token']
+    / 1e12
+    / r['peak_tflops'],
+    rel=1e-6,
+  )
   assert r['best_matmul_tflops'] >= r['xla_matmul_tflops'] > 0
   if r['peer'] == peer.NAME:  # installed by `make test` / `make bench`
     # The peer's head runs at all 128 positions, ours at the masked 20.
