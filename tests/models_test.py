@@ -185,6 +185,14 @@ def test_last_layer_at_the_predictions_is_the_full_layer_gathered(variant):
   assert mlp_shapes(full_model) == [False, True]
 
 
+def bare_stack(cfg: ModelConfig, **kwargs) -> transformer.Stack:
+  """A Stack over its own token embedding, as the models build one."""
+  token_embed = layers.Embed(cfg.vocab_size, cfg, cfg.token_dim)
+  return transformer.Stack(
+    cfg, transformer.Embedder(cfg, token_embed), cfg.num_layers, **kwargs
+  )
+
+
 def test_a_decoder_stack_at_some_positions_reads_its_cross_mask_rows():
   # A causal stack with cross-attention (T5's and BART's decoder) on
   # packed rows: each query's row of the cross mask must follow it.
@@ -205,14 +213,7 @@ def test_a_decoder_stack_at_some_positions_reads_its_cross_mask_rows():
   encoded = rng.normal(size=(B, S, cfg.emb_dim)).astype(np.float32)
   out_BP = np.array([[1, 6, 11], [0, 3, 7]], np.int32)
 
-  token_embed = layers.Embed(cfg.vocab_size, cfg, cfg.token_dim)
-  stack = transformer.Stack(
-    cfg,
-    transformer.Embedder(cfg, token_embed),
-    cfg.num_layers,
-    causal=True,
-    cross_attention=True,
-  )
+  stack = bare_stack(cfg, causal=True, cross_attention=True)
   kwargs = dict(
     segment_ids_BL=segments,
     positions_BL=positions,
@@ -305,13 +306,6 @@ def test_output_positions_refuse_decoding_and_collected_states():
     output_positions_BP=jnp.zeros((2, 3), jnp.int32),
   )
   for flag in ('decode', 'collect_states'):
-    token_embed = layers.Embed(cfg.vocab_size, cfg, cfg.token_dim)
-    stack = transformer.Stack(
-      cfg,
-      transformer.Embedder(cfg, token_embed),
-      cfg.num_layers,
-      causal=False,
-      **{flag: True},
-    )
+    stack = bare_stack(cfg, causal=False, **{flag: True})
     with pytest.raises(ValueError, match='output_positions_BP'):
       stack.init(jax.random.key(0), ids, **kwargs)
