@@ -52,9 +52,9 @@ _WARMUP = flags.DEFINE_integer('warmup', 2, 'Untimed steps after compiling.')
 _PIPELINED = flags.DEFINE_integer(
   'pipelined_steps',
   None,
-  'Train steps then timed back to back, as the training loop runs them '
-  '(default: --steps on an accelerator, 0 on the CPU, where the two '
-  'timings agree).',
+  'Train steps timed after the waited ones, dispatched back to back as '
+  'the training loop runs them (default: --steps on an accelerator; 0 on '
+  'the CPU, where the two timings agree).',
   lower_bound=0,
 )
 _BATCH = flags.DEFINE_integer(
