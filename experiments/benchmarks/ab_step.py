@@ -50,6 +50,10 @@ Variants of the MLM head's output bias (BERT, ELECTRA's generator):
   layers.broadcast_rows (heads.add_vocab_bias);
 - `bias_sum`: `logits + bias`, XLA's reduce summing the gradient, as before.
 
+Variants of the exact GELU (BERT, ELECTRA, BART, RoBERTa):
+- `gelu`: the default, Phi from erf (layers.gelu);
+- `gelu_erfc`: jax.nn.gelu(approximate=False), Phi from erfc, as before.
+
 Variants of XLA's compile options: `xla:NAME=VALUE` compiles the default
 step with that DebugOptions field set (jax's `compile(compiler_options=)`),
 for example `xla:xla_cpu_experimental_ynn_fusion_type=LIBRARY_FUSION_TYPE_DOT`
@@ -101,6 +105,7 @@ def full_last_layer(stack, x_BLD, ctx, deterministic, out_BP=None):
 
 STACK_LAYERS = transformer.Stack._layers
 HEADS = heads.is_argmax, heads.sample_categorical, heads.add_vocab_bias
+GELU = layers.ACTIVATIONS['gelu']
 
 
 def compile_variant(trainer, state, batch, variant: str):
@@ -121,8 +126,10 @@ def compile_variant(trainer, state, batch, variant: str):
   saved = {name: getattr(layers, name) for name in patched}
   if variant == 'last_full':
     transformer.Stack._layers = full_last_layer
-  elif variant in ('last', 'causal', 'vocab', 'relative', 'bias'):
+  elif variant in ('last', 'causal', 'vocab', 'relative', 'bias', 'gelu'):
     pass
+  elif variant == 'gelu_erfc':
+    layers.ACTIVATIONS['gelu'] = lambda x: jax.nn.gelu(x, approximate=False)
   elif variant == 'bias_sum':
     heads.add_vocab_bias = lambda logits, bias: logits + bias
   elif variant == 'vocab_jax':
@@ -148,6 +155,7 @@ def compile_variant(trainer, state, batch, variant: str):
   finally:
     heads.is_argmax, heads.sample_categorical, heads.add_vocab_bias = HEADS
     transformer.Stack._layers = STACK_LAYERS
+    layers.ACTIVATIONS['gelu'] = GELU
     for name, value in saved.items():
       setattr(layers, name, value)
 
