@@ -20,6 +20,38 @@ ON_CORRUPT = ('fail', 'previous')
 BEST_MODES = ('min', 'max')
 
 
+def parse_compiler_options(
+  text: str, field: str
+) -> dict[str, bool | int | float | str]:
+  """`name=value ...` (train.compiler_options.*) as jax.jit's options.
+
+  Values are typed as XLA expects them: true/false as booleans, numbers as
+  ints or floats, anything else (enum names, paths) as strings; `name=`
+  gives the empty string (a repeated field emptied).
+  """
+  options = {}
+  for pair in text.split():
+    name, sep, value = pair.lstrip('-').partition('=')
+    if not sep or not name:
+      raise ValueError(
+        f'{field}={text!r}: {pair!r} is not name=value (XLA option names '
+        'as in XLA_FLAGS, space-separated).'
+      )
+    options[name] = _typed(value)
+  return options
+
+
+def _typed(value: str) -> bool | int | float | str:
+  if value.lower() in ('true', 'false'):
+    return value.lower() == 'true'
+  for kind in (int, float):
+    try:
+      return kind(value)
+    except ValueError:
+      pass
+  return value
+
+
 def parse_arg(arg: str | None, **defaults) -> ml_collections.ConfigDict:
   """Parses a `size=base,runlocal` config arg into typed values.
 
@@ -267,6 +299,14 @@ def base_config() -> ml_collections.ConfigDict:
   # the same config and mesh loads its steps instead of compiling them
   # ('' : off). Share it between runs; delete it to start afresh.
   c.train.compilation_cache_dir = ''
+  # XLA compile options for the train and eval steps, per platform (the
+  # mesh's devices: cpu, gpu or tpu): DebugOptions fields as space-separated
+  # name=value pairs, the names of XLA_FLAGS (leading dashes optional), e.g.
+  # 'xla_cpu_experimental_ynn_fusion_type=LIBRARY_FUSION_TYPE_DOT'. Unlike
+  # XLA_FLAGS they reach only these steps, and a config can choose them.
+  c.train.compiler_options = ml_collections.ConfigDict(
+    {'cpu': '', 'gpu': '', 'tpu': ''}
+  )
 
   c.mesh = ml_collections.ConfigDict()
   # Mesh axis sizes; -1 takes all the devices the other axes leave.

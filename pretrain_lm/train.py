@@ -18,7 +18,7 @@ from flax import linen as nn
 from jax.experimental import multihost_utils
 
 from pretrain_lm import checkpoint as checkpoint_lib
-from pretrain_lm import distributed, objectives, sharding
+from pretrain_lm import configlib, distributed, objectives, sharding
 from pretrain_lm import metrics as metrics_lib
 from pretrain_lm.data import fingerprint, pipeline
 from pretrain_lm.data import tokenizer as tokenizer_lib
@@ -371,7 +371,15 @@ def accumulate_gradients(grad_fn, params, batch, rng, num_microbatches: int):
 
 
 def jit_train_step(
-  model, tx, loss_fn, schedule, shardings, mesh, *, grad_accum_steps=1
+  model,
+  tx,
+  loss_fn,
+  schedule,
+  shardings,
+  mesh,
+  *,
+  grad_accum_steps=1,
+  compiler_options=None,
 ):
   """train_step jitted into the state's and the batch's shardings."""
   return jax.jit(
@@ -386,7 +394,30 @@ def jit_train_step(
     in_shardings=(shardings, sharding.batch_sharding(mesh)),
     out_shardings=(shardings, sharding.replicated(mesh)),
     donate_argnums=0,
+    compiler_options=compiler_options,
   )
+
+
+def compiler_options(
+  config: ml_collections.ConfigDict, mesh
+) -> dict[str, Any] | None:
+  """train.compiler_options for the mesh's platform, checked by XLA.
+
+  None when that platform's field is empty. An option XLA does not know,
+  or a value it cannot take, raises here, naming the field, before any
+  step is traced.
+  """
+  platform = mesh.devices.flat[0].platform
+  field = f'train.compiler_options.{platform}'
+  text = config.train.compiler_options.get(platform, '')
+  options = configlib.parse_compiler_options(text, field)
+  if not options:
+    return None
+  try:
+    jax.jit(lambda: 0).lower().compile(compiler_options=options)
+  except jax.errors.JaxRuntimeError as e:
+    raise ValueError(f'{field}={text!r}: XLA rejects it: {e}') from e
+  return options
 
 
 def check_grad_accum(config: ml_collections.ConfigDict, mesh) -> int:
@@ -456,6 +487,7 @@ def lower_train_step(
       shardings,
       mesh,
       grad_accum_steps=check_grad_accum(config, mesh),
+      compiler_options=compiler_options(config, mesh),
     )
     return step.lower(state, batch)
 
@@ -500,6 +532,7 @@ class Trainer:
     self.data_start_step = 0  # where the data stream began (_check_resume)
     self.nonfinite_stop = False  # run() stopped by non-finite steps
     self.mesh = mesh or sharding.make_mesh(config.mesh)
+    self.compiler_options = compiler_options(config, self.mesh)
     if self.is_chief:
       write_run_files(config, workdir)
     self.tokenizer = self._setup_tokenizer()
@@ -550,11 +583,13 @@ class Trainer:
       self.shardings,
       self.mesh,
       grad_accum_steps=check_grad_accum(config, self.mesh),
+      compiler_options=self.compiler_options,
     )
     self._p_eval_step = jax.jit(
       functools.partial(eval_step, model=self.model, loss_fn=self.loss_fn),
       in_shardings=(self.shardings.params, self.batch_sharding),
       out_shardings=sharding.replicated(self.mesh),
+      compiler_options=self.compiler_options,
     )
 
   @property

@@ -273,6 +273,8 @@ def check_config(config: ml_collections.ConfigDict) -> None:
   for name in ('log_every', 'eval_every'):
     _require(t[name] > 0, f'train.{name}={t[name]} must be > 0.')
   check_cache_dir(t.compilation_cache_dir)
+  for platform, text in t.compiler_options.items():
+    configlib.parse_compiler_options(text, f'train.compiler_options.{platform}')
   _require(c.every > 0, f'checkpoint.every={c.every} must be > 0.')
   for name in ('keep', 'keep_best', 'keep_every'):
     _require(c[name] >= 0, f'checkpoint.{name}={c[name]} must be >= 0.')

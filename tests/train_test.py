@@ -17,7 +17,7 @@ from jax.sharding import PartitionSpec as P
 
 import pretrain_lm
 from pretrain_lm import sharding, train
-from pretrain_lm.data import sources
+from pretrain_lm.data import pipeline, sources
 from pretrain_lm.data import tokenizer as tokenizer_lib
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -408,3 +408,35 @@ def test_bad_input_fails_fast_with_clear_message(tmp_path, override, expected):
   assert not (workdir / 'tokenizer.model').exists()
   assert 'Traceback' not in output, output
   assert time.time() - start < 60
+
+
+def test_compiler_options_reach_the_train_and_eval_steps(
+  tmp_path, tokenizer_path
+):
+  dump = tmp_path / 'xla_dump'
+  c = load_config(**{'data.tokenizer': tokenizer_path})
+  c.train.compiler_options.cpu = f'--xla_dump_to={dump}'
+  c.train.compiler_options.gpu = 'xla_not_a_cpu_run=1'  # another platform's
+  trainer = train.Trainer(c, str(tmp_path / 'run'))
+  assert trainer.compiler_options == {'xla_dump_to': str(dump)}
+  state = trainer.initial_state()
+  host = next(pipeline.train_dataset(c, trainer.tokenizer).as_numpy_iterator())
+  with trainer.context():
+    batch = sharding.host_to_global(host, trainer.mesh)
+    trainer.train_step.lower(state, batch).compile()
+    trainer._p_eval_step.lower(state.params, batch).compile()
+  # XLA wrote each step's HLO where the option told it to.
+  dumped = ' '.join(os.listdir(dump))
+  assert 'jit_train_step' in dumped and 'jit_eval_step' in dumped
+
+  # Empty: no options. One XLA does not know: refused at start, by field.
+  c.train.compiler_options.cpu = ''
+  assert train.compiler_options(c, trainer.mesh) is None
+  c.train.compiler_options.cpu = 'xla_cpu_enable_fast_math=maybe'
+  with pytest.raises(ValueError) as e:
+    train.Trainer(c, str(tmp_path / 'bad'))
+  assert "train.compiler_options.cpu='xla_cpu_enable_fast_math=maybe'" in str(
+    e.value
+  )
+  assert 'not a valid bool value' in str(e.value)
+  assert not (tmp_path / 'bad').exists()  # refused before writing anything

@@ -57,8 +57,10 @@ Variants of the exact GELU (BERT, ELECTRA, BART, RoBERTa):
 Variants of XLA's compile options: `xla:NAME=VALUE` compiles the default
 step with that DebugOptions field set (jax's `compile(compiler_options=)`),
 for example `xla:xla_cpu_experimental_ynn_fusion_type=LIBRARY_FUSION_TYPE_DOT`
-(XLA:CPU hands only the matmuls to YNNPACK, not the reductions). A
-repeated field given this way holds that one value.
+(XLA:CPU hands only the matmuls to YNNPACK, not the reductions). Values
+are typed as in train.compiler_options (true/false, numbers, names), and
+several options go space-separated in one variant. These add to the
+config's own train.compiler_options.
 """
 
 import argparse
@@ -119,10 +121,12 @@ def compile_variant(trainer, state, batch, variant: str):
     'relative_bias_by_index',
   )
   if variant.startswith('xla:'):
-    name, value = variant.removeprefix('xla:').split('=', 1)
+    options = configlib.parse_compiler_options(
+      variant.removeprefix('xla:'), variant
+    )
     jax.clear_caches()
     lowered = trainer.train_step.lower(state, batch)
-    return lowered.compile(compiler_options={name: value})
+    return lowered.compile(compiler_options=options)
   saved = {name: getattr(layers, name) for name in patched}
   if variant == 'last_full':
     transformer.Stack._layers = full_last_layer
