@@ -20,6 +20,19 @@ ON_CORRUPT = ('fail', 'previous')
 BEST_MODES = ('min', 'max')
 
 
+def compiler_options_field() -> ml_collections.ConfigDict:
+  """train.compiler_options: XLA options for a run's steps, per platform.
+
+  One field per platform of the mesh's devices (cpu, gpu, tpu), each XLA
+  DebugOptions fields as space-separated name=value pairs, the names of
+  XLA_FLAGS (leading dashes optional), e.g.
+  'xla_cpu_experimental_ynn_fusion_type=LIBRARY_FUSION_TYPE_DOT'. Unlike
+  XLA_FLAGS they reach only the jitted train and eval steps, and a config
+  can choose them.
+  """
+  return ml_collections.ConfigDict({'cpu': '', 'gpu': '', 'tpu': ''})
+
+
 def parse_compiler_options(
   text: str, field: str
 ) -> dict[str, bool | int | float | str]:
@@ -299,14 +312,7 @@ def base_config() -> ml_collections.ConfigDict:
   # the same config and mesh loads its steps instead of compiling them
   # ('' : off). Share it between runs; delete it to start afresh.
   c.train.compilation_cache_dir = ''
-  # XLA compile options for the train and eval steps, per platform (the
-  # mesh's devices: cpu, gpu or tpu): DebugOptions fields as space-separated
-  # name=value pairs, the names of XLA_FLAGS (leading dashes optional), e.g.
-  # 'xla_cpu_experimental_ynn_fusion_type=LIBRARY_FUSION_TYPE_DOT'. Unlike
-  # XLA_FLAGS they reach only these steps, and a config can choose them.
-  c.train.compiler_options = ml_collections.ConfigDict(
-    {'cpu': '', 'gpu': '', 'tpu': ''}
-  )
+  c.train.compiler_options = compiler_options_field()
 
   c.mesh = ml_collections.ConfigDict()
   # Mesh axis sizes; -1 takes all the devices the other axes leave.

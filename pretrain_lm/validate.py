@@ -215,6 +215,12 @@ def check_devices(
   _check_mesh(config, num_devices)
 
 
+def check_compiler_options(options: ml_collections.ConfigDict) -> None:
+  """train.compiler_options: each platform's field is name=value pairs."""
+  for platform, text in options.items():
+    configlib.parse_compiler_options(text, f'train.compiler_options.{platform}')
+
+
 def check_cache_dir(path: str) -> None:
   """train.compilation_cache_dir: empty, or a directory (created if absent)."""
   import tensorflow as tf
@@ -273,8 +279,7 @@ def check_config(config: ml_collections.ConfigDict) -> None:
   for name in ('log_every', 'eval_every'):
     _require(t[name] > 0, f'train.{name}={t[name]} must be > 0.')
   check_cache_dir(t.compilation_cache_dir)
-  for platform, text in t.compiler_options.items():
-    configlib.parse_compiler_options(text, f'train.compiler_options.{platform}')
+  check_compiler_options(t.compiler_options)
   _require(c.every > 0, f'checkpoint.every={c.every} must be > 0.')
   for name in ('keep', 'keep_best', 'keep_every'):
     _require(c[name] >= 0, f'checkpoint.{name}={c[name]} must be >= 0.')

@@ -192,6 +192,18 @@ def test_resume_is_exact_on_a_2x2x2_mesh(bert, straight, tmp_path):
     np.testing.assert_array_equal(resumed[k], v, err_msg=str(k))
 
 
+def test_compiler_options_reach_the_train_and_predict_steps(bert, tmp_path):
+  dump = tmp_path / 'xla_dump'
+  c = ft_config(bert, train__max_steps=2, train__eval_every=2)
+  c.train.compiler_options.cpu = f'xla_dump_to={dump}'
+  run = trainer.Trainer(c, str(tmp_path / 'run'), one_device())
+  assert run.compiler_options == {'xla_dump_to': str(dump)}
+  run.run()
+  # XLA wrote both steps' HLO where the option told it to.
+  dumped = ' '.join(os.listdir(dump))
+  assert 'jit_train_step' in dumped and 'jit_predict_step' in dumped
+
+
 def test_elmo_recipe_keeps_the_body_frozen(bert, tmp_path):
   c = ft_config(bert, train__max_steps=3)
   c.head.scalar_mix = c.head.mix_layer_norm = c.head.freeze_backbone = True

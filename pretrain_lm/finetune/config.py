@@ -11,7 +11,7 @@ import os
 import ml_collections
 import tensorflow as tf
 
-from pretrain_lm import validate
+from pretrain_lm import configlib, validate
 from pretrain_lm.finetune import TASKS
 
 # Valid values of the string-choice fields, checked before anything is built.
@@ -116,6 +116,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.train.progress_bar = True
   # jax's persistent compilation cache, as in pretraining ('' : off).
   c.train.compilation_cache_dir = ''
+  # XLA options for the train and predict steps, per platform, as in
+  # pretraining (configlib.compiler_options_field). Not taken from the
+  # pretraining config: set them here.
+  c.train.compiler_options = configlib.compiler_options_field()
 
   c.mesh = ml_collections.ConfigDict()
   c.mesh.data = -1
@@ -179,6 +183,7 @@ def check_config(config: ml_collections.ConfigDict, workdir: str = '') -> None:
   )
   _require(task.seq_len > 0, f'task.seq_len={task.seq_len} must be > 0.')
   validate.check_cache_dir(train.compilation_cache_dir)
+  validate.check_compiler_options(train.compiler_options)
   _choice(config.head.pooling, 'head.pooling', POOLINGS)
   _require(
     0 <= config.head.dropout < 1,

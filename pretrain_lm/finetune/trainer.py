@@ -281,6 +281,7 @@ class Trainer:
     }
 
     self.mesh = mesh or sharding.make_mesh(c.mesh)
+    self.compiler_options = train.compiler_options(c, self.mesh)
     shards = self.mesh.shape['data'] * self.mesh.shape['fsdp']
     self.batch_size = c.train.batch_size
     self.eval_batch_size = c.train.eval_batch_size or c.train.batch_size
@@ -366,11 +367,13 @@ class Trainer:
       in_shardings=(self.shardings, batch_sharding),
       out_shardings=(self.shardings, sharding.replicated(self.mesh)),
       donate_argnums=0,
+      compiler_options=self.compiler_options,
     )
     self._p_predict = jax.jit(
       functools.partial(predict_step, model=self.model),
       in_shardings=(self.shardings.params, batch_sharding),
       out_shardings=sharding.replicated(self.mesh),
+      compiler_options=self.compiler_options,
     )
 
   def context(self):
