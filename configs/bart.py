@@ -65,11 +65,12 @@ def get_config(arg=None):
   c.optimizer.weight_decay = 0.01
   c.optimizer.warmup_steps = 10_000
   c.train.num_steps = 500_000
-  # On the CPU, XLA hands only the matmuls to YNNPACK, not the reductions:
-  # BART-base's step is 9% faster so on the 2-core CI VM (softmax over
-  # [B, H, 512, 512] and the 50,265-piece logits; in-process A/Bs in
-  # experiments/benchmarks/README.md). BERT-small's is 4% slower, hence
-  # per config. Check yours with experiments/benchmarks/ab_step.py.
+  # On the CPU, XLA hands only the matmuls to YNNPACK, not the reductions.
+  # That makes BART-base's step 9% faster on the 2-core CI VM (attention's
+  # softmax and the logits matmul run faster in the step; in-process A/Bs
+  # and a profile in experiments/benchmarks/README.md). It makes
+  # BERT-small's 4% slower, hence per config. Check yours with
+  # experiments/benchmarks/ab_step.py.
   c.train.compiler_options.cpu = (
     'xla_cpu_experimental_ynn_fusion_type=LIBRARY_FUSION_TYPE_DOT'
   )
