@@ -60,7 +60,9 @@ for example `xla:xla_cpu_experimental_ynn_fusion_type=LIBRARY_FUSION_TYPE_DOT`
 (XLA:CPU hands only the matmuls to YNNPACK, not the reductions). Values
 are typed as in train.compiler_options (true/false, numbers, names), and
 several options go space-separated in one variant. These add to the
-config's own train.compiler_options.
+config's own train.compiler_options; `--cpu_compiler_options=` replaces
+the config's CPU options for every variant (empty: XLA's defaults, the
+baseline for configs/bart.py and configs/t5.py, which set one).
 """
 
 import argparse
@@ -170,9 +172,16 @@ def main():
   p.add_argument('--batch_size', type=int, default=32)
   p.add_argument('--rounds', type=int, default=10)
   p.add_argument('--variants', default='flax,16,8')
+  p.add_argument(
+    '--cpu_compiler_options',
+    default=None,
+    help="replaces the config's train.compiler_options.cpu",
+  )
   args = p.parse_args()
   config = configlib.load_file(args.config)
   config.data.batch_size = args.batch_size
+  if args.cpu_compiler_options is not None:
+    config.train.compiler_options.cpu = args.cpu_compiler_options
   step.first_stage(config)
   variants = args.variants.split(',')
 
