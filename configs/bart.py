@@ -65,15 +65,9 @@ def get_config(arg=None):
   c.optimizer.weight_decay = 0.01
   c.optimizer.warmup_steps = 10_000
   c.train.num_steps = 500_000
-  # On the CPU, XLA hands only the matmuls to YNNPACK, not the reductions.
-  # That makes BART-base's step 9% faster on the 2-core CI VM (attention's
-  # softmax and the logits matmul run faster in the step; in-process A/Bs
-  # and a profile in experiments/benchmarks/README.md). It makes
-  # BERT-small's 4% slower, hence per config. Check yours with
-  # experiments/benchmarks/ab_step.py.
-  c.train.compiler_options.cpu = (
-    'xla_cpu_experimental_ynn_fusion_type=LIBRARY_FUSION_TYPE_DOT'
-  )
+  # On the CPU: BART-base's step is 9% faster with XLA's reductions kept
+  # away from YNNPACK (a profile in experiments/benchmarks/README.md).
+  c.train.compiler_options.cpu = configlib.CPU_YNNPACK_DOTS_ONLY
 
   if arg.size == 'tiny':
     configlib.laptop_schedule(c)

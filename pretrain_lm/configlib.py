@@ -20,6 +20,15 @@ ON_CORRUPT = ('fail', 'previous')
 BEST_MODES = ('min', 'max')
 
 
+# A train.compiler_options.cpu value: XLA:CPU hands only the matmuls to
+# YNNPACK, not the reductions. Faster for BART-base (-9%) and T5-base
+# (-1.6% to -3%) on the 2-core CI VM, slower for BERT-small (+4%): a
+# per-config choice (experiments/benchmarks/README.md).
+CPU_YNNPACK_DOTS_ONLY = (
+  'xla_cpu_experimental_ynn_fusion_type=LIBRARY_FUSION_TYPE_DOT'
+)
+
+
 def compiler_options_field() -> ml_collections.ConfigDict:
   """train.compiler_options: XLA options for a run's steps, per platform.
 

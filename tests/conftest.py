@@ -43,6 +43,17 @@ import pytest  # noqa: E402
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+# Empties XLA:CPU's YNNPACK fusion list: a compile option whose effect shows
+# in the compiled HLO (and which jax's compilation cache keys on, unlike
+# xla_dump_to, so the suite's shared cache cannot serve another compile).
+NO_YNNPACK = 'xla_cpu_experimental_ynn_fusion_type='
+
+
+def uses_ynnpack(compiled) -> bool:
+  """Whether a compiled (CPU) program has a YNNPACK fusion."""
+  return '"kind":"__ynn_fusion"' in compiled.as_text()
+
+
 def read_metrics(workdir: str) -> list[dict]:
   """The records of a run's metrics.jsonl, in the order they were written."""
   with open(os.path.join(workdir, 'metrics.jsonl')) as f:
