@@ -242,8 +242,8 @@ def reference_tx(name, opt, schedule):
   'name,momentum', [('lamb', 0.0), ('adafactor', 0.0), ('adafactor', 0.9)]
 )
 def test_optimizer_is_optax_with_the_papers_settings(name, momentum):
-  # Adafactor's second-moment transform is our own (train.factored_rms,
-  # with rsqrt); optax.adafactor is the reference it must agree with.
+  # The config's fields reach optax as the papers set them: momentum too,
+  # and a 3-D parameter factored over its two largest axes.
   c = load_config('bert', 'size=tiny')
   c.optimizer.name = name
   c.optimizer.adafactor_momentum = momentum

@@ -54,11 +54,6 @@ Variants of the exact GELU (BERT, ELECTRA, BART, RoBERTa):
 - `gelu`: the default, Phi from erf (layers.gelu);
 - `gelu_erfc`: jax.nn.gelu(approximate=False), Phi from erfc, as before.
 
-Variants of Adafactor's second-moment scaling (optimizer.name=adafactor):
-- `adafactor`: the default, train.factored_rms (inverse roots by rsqrt);
-- `adafactor_optax`: optax.adafactor with the same settings, as before
-  (`x ** -0.5`, a pow per element of each factored update).
-
 Variants of XLA's compile options: `xla:NAME=VALUE` compiles the default
 step with that DebugOptions field set (jax's `compile(compiler_options=)`),
 for example `xla:xla_cpu_experimental_ynn_fusion_type=LIBRARY_FUSION_TYPE_DOT`
@@ -81,7 +76,6 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
-import optax  # noqa: E402
 from jax.extend import random as jex_random  # noqa: E402
 
 from pretrain_lm import configlib, sharding, train  # noqa: E402
@@ -118,28 +112,6 @@ HEADS = heads.is_argmax, heads.sample_categorical, heads.add_vocab_bias
 GELU = layers.ACTIVATIONS['gelu']
 
 
-def optax_adafactor(opt, schedule):
-  """train.adafactor_chain as it was: optax.adafactor, the same settings."""
-  decay = None
-  if opt.weight_decay:
-    decay = lambda count: opt.weight_decay * schedule(count)
-  return optax.chain(
-    *train._clipping(opt),
-    optax.adafactor(
-      schedule,
-      min_dim_size_to_factor=128,
-      decay_rate=opt.adafactor_decay_rate,
-      multiply_by_parameter_scale=opt.adafactor_param_scale,
-      clipping_threshold=1.0,
-      momentum=opt.adafactor_momentum or None,
-      eps=1e-30,
-      factored=True,
-      weight_decay_rate=decay,
-      weight_decay_mask=train._decay_mask,
-    ),
-  )
-
-
 def compile_variant(trainer, state, batch, variant: str):
   """The train step compiled with `variant` patched in."""
   patched = (
@@ -157,33 +129,10 @@ def compile_variant(trainer, state, batch, variant: str):
     jax.clear_caches()
     lowered = trainer.train_step.lower(state, batch)
     return lowered.compile(compiler_options=options)
-  if variant == 'adafactor_optax':  # the same state tree, another update
-    opt = trainer.config.optimizer
-    return (
-      train.jit_train_step(
-        trainer.model,
-        optax_adafactor(opt, trainer.schedule),
-        trainer.loss_fn,
-        trainer.schedule,
-        trainer.shardings,
-        trainer.mesh,
-        compiler_options=trainer.compiler_options,
-      )
-      .lower(state, batch)
-      .compile()
-    )
   saved = {name: getattr(layers, name) for name in patched}
   if variant == 'last_full':
     transformer.Stack._layers = full_last_layer
-  elif variant in (
-    'last',
-    'causal',
-    'vocab',
-    'relative',
-    'bias',
-    'gelu',
-    'adafactor',
-  ):
+  elif variant in ('last', 'causal', 'vocab', 'relative', 'bias', 'gelu'):
     pass
   elif variant == 'gelu_erfc':
     layers.ACTIVATIONS['gelu'] = lambda x: jax.nn.gelu(x, approximate=False)
