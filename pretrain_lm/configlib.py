@@ -20,13 +20,20 @@ ON_CORRUPT = ('fail', 'previous')
 BEST_MODES = ('min', 'max')
 
 
-# A train.compiler_options.cpu value: XLA:CPU hands only the matmuls to
-# YNNPACK, not the reductions. Faster for BART-base (-9%) and T5-base
-# (-1.6% to -3%) on the 2-core CI VM, slower for BERT-small (+4%): a
-# per-config choice (experiments/benchmarks/README.md).
+# train.compiler_options.cpu values. Which one is fastest depends on the
+# model's shapes, so each config picks its own (in-process A/Bs on the
+# 2-core CI VM, experiments/benchmarks/README.md); XLA's default hands the
+# matmuls and the reductions to YNNPACK.
+# - Only the matmuls to YNNPACK, the reductions to XLA: T5-base 1.6-3%
+#   faster than the default; BERT-small 4% slower.
 CPU_YNNPACK_DOTS_ONLY = (
   'xla_cpu_experimental_ynn_fusion_type=LIBRARY_FUSION_TYPE_DOT'
 )
+# - No YNNPACK at all (matmuls by XLA's Eigen kernels): at width 768 and
+#   up. BERT-base 4.7% and GPT-2 small 8.9% faster than the default,
+#   BART-base 6.6% faster than matmuls-only; BERT-small (width 512) 6.4%
+#   and ELECTRA-small (256) 7% slower than the default.
+CPU_NO_YNNPACK = 'xla_cpu_experimental_ynn_fusion_type='
 
 
 def compiler_options_field() -> ml_collections.ConfigDict:

@@ -21,7 +21,7 @@ import pytest
 from conftest import REPO, load_config, read_metrics
 
 import pretrain_lm
-from pretrain_lm import train
+from pretrain_lm import configlib, train
 from pretrain_lm.objectives import OBJECTIVES
 
 CONFIGS = sorted(
@@ -150,6 +150,28 @@ def test_preset_trains_loss_falls_and_round_trips_on_a_2x2x2_mesh(
     jax.tree.leaves(trained), jax.tree.leaves(restored), strict=True
   ):
     np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize('name', CONFIGS)
+def test_xla_takes_every_presets_cpu_compile_options(name):
+  # validate checks the field's syntax only; XLA itself must know each
+  # option and take its value, or a run of that preset fails at start.
+  mesh = jax.sharding.Mesh(np.array(jax.devices('cpu')[:1]), ('data',))
+  sizes = {'tiny', 'small', 'base', 'large'}
+  seen = set()
+  for size in sorted(sizes):
+    try:
+      c = load_config(name, f'size={size}')
+    except ValueError:  # a size this family does not offer
+      continue
+    seen.add(size)
+    options = train.compiler_options(c, mesh)
+    if options:
+      assert c.train.compiler_options.cpu in (
+        configlib.CPU_NO_YNNPACK,
+        configlib.CPU_YNNPACK_DOTS_ONLY,
+      )
+  assert {'tiny', 'large'} <= seen
 
 
 def test_load_file_is_what_the_config_flag_loads():

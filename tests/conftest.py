@@ -43,9 +43,10 @@ import pytest  # noqa: E402
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-# Empties XLA:CPU's YNNPACK fusion list: a compile option whose effect shows
-# in the compiled HLO (and which jax's compilation cache keys on, unlike
-# xla_dump_to, so the suite's shared cache cannot serve another compile).
+# Empties XLA:CPU's YNNPACK fusion list (what configs/bert.py sets at base):
+# a compile option whose effect shows in the compiled HLO (and which jax's
+# compilation cache keys on, unlike xla_dump_to, so the suite's shared
+# cache cannot serve another compile).
 NO_YNNPACK = 'xla_cpu_experimental_ynn_fusion_type='
 
 
