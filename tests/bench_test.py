@@ -10,10 +10,10 @@ import sys
 import jax
 import numpy as np
 import pytest
-from conftest import REPO, load_config
+from conftest import NO_YNNPACK, REPO, load_config, uses_ynnpack
 
-from pretrain_lm import sharding, train
-from pretrain_lm.bench import peer, step, timing
+from pretrain_lm import configlib, sharding, train
+from pretrain_lm.bench import peak, peer, step, timing
 from pretrain_lm.convert import hf
 from pretrain_lm.data import tokenizer as tokenizer_lib
 from pretrain_lm.models import MODELS
@@ -387,3 +387,40 @@ def test_profile_sums_device_streams_and_names_their_sources(tmp_path):
   )
   assert '== Stream: 9.5 ms busy in 4 events, 48% of the wall time' in text
   assert '<- bf16[8,16]{1,0} encoder/add' in text
+
+
+def test_cpu_peak_is_the_faster_of_xla_defaults_and_the_steps_options(
+  monkeypatch,
+):
+  # A config that turns YNNPACK off (configs/bert.py at base) times its
+  # step without it: the peak its MFU divides by must not fall with it.
+  calls = []
+
+  def fake(dtype, sizes=peak.SIZES, repeats=peak.REPEATS, **kw):
+    calls.append(kw.get('compiler_options'))
+    return 2e11 if kw.get('compiler_options') else 1e11
+
+  monkeypatch.setattr(peak, 'xla_matmul_flops', fake)
+  monkeypatch.setattr(peak, 'numpy_matmul_flops', lambda *a, **k: 0.0)
+  monkeypatch.setattr(peak, 'torch_matmul_flops', lambda *a, **k: 0.0)
+  options = {'xla_cpu_experimental_ynn_fusion_type': ''}
+  assert peak.peaks('float32', compiler_options=options)['peak_tflops'] == 0.2
+  assert calls == [None, options]
+  calls.clear()
+  assert peak.peaks('float32')['peak_tflops'] == 0.1 and calls == [None]
+
+
+def test_xla_matmul_is_compiled_with_the_options_it_is_given(monkeypatch):
+  compiled = []
+  lower = jax.stages.Lowered.compile
+
+  def spy(self, compiler_options=None):
+    out = lower(self, compiler_options)
+    compiled.append(uses_ynnpack(out))
+    return out
+
+  monkeypatch.setattr(jax.stages.Lowered, 'compile', spy)
+  options = configlib.parse_compiler_options(NO_YNNPACK, 'test')
+  assert peak.xla_matmul_flops('float32', (128,), 1) > 0
+  assert peak.xla_matmul_flops('float32', (128,), 1, options) > 0
+  assert compiled == [True, False]

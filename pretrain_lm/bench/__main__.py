@@ -143,8 +143,8 @@ def run_train(config, workdir: str) -> dict:
   from pretrain_lm.bench import peak, peer, step, timing  # noqa: PLC0415
 
   sizes = tuple(int(n) for n in _PEAK_SIZES.value) or peak.SIZES
-  result = peak.peaks(config.model.dtype, sizes)
   ours = step.TrainBench(config, workdir)
+  result = peak.peaks(config.model.dtype, sizes, ours.compiler_options)
   why_not = peer.unavailable(config) if _PEER.value == 'auto' else 'off'
   theirs = None if why_not else peer.PeerBench(config, ours.host_batch)
   runs = [ours.run] + ([theirs.run] if theirs else [])

@@ -59,6 +59,7 @@ class TrainBench:
     self.seq_len = config.data.seq_len
     self.tokens = tokens_per_row(shapes) * self.batch_size
     self.flops = trainer.model.train_flops(trainer.model_config, shapes)
+    self.compiler_options = trainer.compiler_options
 
   def figures(self) -> dict[str, Any]:
     """Step time, throughput, FLOPs and memory of the timed `run`."""
