@@ -178,6 +178,8 @@ def test_bench_train_reports_mfu_against_the_measured_peak():
   assert r['peak_source'] == 'xla_matmul'
   if os.path.exists('/proc/cpuinfo'):  # Linux: what the CPU can vectorise
     assert r['cpu_simd'] in ('avx512_bf16', 'avx512f', 'avx2', 'avx', 'none')
+    if r['cpu'] == 'x86_64':  # 'family/model' as cpuinfo numbers them
+      assert re.fullmatch(r'\d+/\d+', r['cpu_family']), r['cpu_family']
   assert r['mfu'] == pytest.approx(r['achieved_tflops'] / r['peak_tflops'])
   assert 0 < r['mfu'] < 1.5 and r['compile_s'] > 0
   # Steps dispatched back to back, as the training loop runs them.

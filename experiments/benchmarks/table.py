@@ -108,9 +108,14 @@ def main(path: str) -> None:
     w: [r for r in rows if r['what'] == w]
     for w in ('train', 'pipeline', 'decode')
   }
-  r0 = rows[0]
+  r0 = rows[-1]  # the newest: older lines may lack a field
+  family = r0.get('cpu_family')
+  model = ' '.join(
+    x for x in (r0.get('cpu_model'), family and f'(family/model {family})') if x
+  )
   print(
-    f'Machine: {r0["cpu"]}, {r0["cpu_cores"]} cores, backend '
+    f'Machine: {" ".join(x for x in (r0["cpu"], model) if x)}, '
+    f'{r0["cpu_cores"]} cores, backend '
     f'{r0["backend"]}, jax {r0["jax"]}, {r0["date"]}.\n'
   )
   train_tables(by['train'])

@@ -95,22 +95,29 @@ CPU_BATCH = 8
 
 
 def cpu_model() -> dict[str, str]:
-  """The CPU's model name and widest vector extension, from /proc/cpuinfo.
+  """The CPU's model name, family and widest vector extension (/proc/cpuinfo).
 
   CPU figures depend on them: XLA's float32 matmul reached 0.48-0.53
-  TFLOP/s on an AVX-512 "AMD EPYC" and 0.13-0.16 on an AVX2 one.
+  TFLOP/s on an AVX-512 "AMD EPYC" and 0.13-0.16 on an AVX2 one. That
+  name does not tell AMD's generations apart; the family does: 26 is Zen
+  5, whose 512-bit units gave 0.38-0.46 TFLOP/s on two cores, 25 is Zen 3
+  (no AVX-512) or Zen 4 (AVX-512 on 256-bit units).
   """
   try:
     with open('/proc/cpuinfo') as f:
       info = f.read()
   except OSError:  # not Linux
     return {}
-  name = re.search(r'^model name\s*:\s*(.*)$', info, re.MULTILINE)
-  flags = re.search(r'^flags\s*:\s*(.*)$', info, re.MULTILINE)
-  flags = set(flags.group(1).split()) if flags else set()
+
+  def field(key):
+    found = re.search(rf'^{key}\s*:\s*(.*)$', info, re.MULTILINE)
+    return found.group(1).strip() if found else ''
+
+  flags = set(field('flags').split())
   widest = ('avx512_bf16', 'avx512f', 'avx2', 'avx')
   return {
-    'cpu_model': name.group(1).strip() if name else '',
+    'cpu_model': field('model name'),
+    'cpu_family': f'{field("cpu family")}/{field("model")}'.strip('/'),
     'cpu_simd': next((x for x in widest if x in flags), 'none'),
   }
 
