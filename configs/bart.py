@@ -72,6 +72,10 @@ def get_config(arg=None):
     # YNNPACK at all. The narrow tiny preset keeps XLA's default, as
     # BERT's narrow sizes do (configlib's comment).
     c.train.compiler_options.cpu = configlib.CPU_NO_YNNPACK
+    # On the CPU, microbatches of 2,048 tokens (4 rows of 512, and their
+    # decoder rows): BART-base's 8-row step 25% faster on a Zen 5
+    # (configlib; larger sizes not measured).
+    c.train.cpu_microbatch_tokens = 2048
 
   if arg.size == 'tiny':
     configlib.laptop_schedule(c)

@@ -50,6 +50,12 @@ def get_config(arg=None):
   c.optimizer.weight_decay = 0.01
   c.train.num_steps = 1_000_000 if arg.size != 'large' else 400_000
 
+  if arg.size == 'small':
+    # On the CPU, microbatches of 2,048 tokens (16 rows): the 128-row step
+    # 28% faster on a Zen 5 (8 or 4 rows: no faster; other sizes not
+    # measured).
+    c.train.cpu_microbatch_tokens = 2048
+
   if arg.size == 'tiny':
     configlib.laptop_schedule(c)
     c.model.generator_width = 0.5

@@ -439,6 +439,28 @@ def check_grad_accum(config: ml_collections.ConfigDict, mesh) -> int:
   return accum
 
 
+def microbatches(config: ml_collections.ConfigDict, mesh) -> int:
+  """How many microbatches the step splits its batch into.
+
+  train.grad_accum_steps, or on the CPU, with train.cpu_microbatch_tokens
+  set, the fewest multiple of it whose microbatches have at most that many
+  tokens (rows of data.seq_len; one row at least) on each device and split
+  evenly over the batch shards (none does: grad_accum_steps).
+  """
+  accum = check_grad_accum(config, mesh)
+  tokens = config.train.cpu_microbatch_tokens
+  if tokens <= 0 or mesh.devices.flat[0].platform != 'cpu':
+    return accum
+  rows = max(1, tokens // config.data.seq_len)
+  batch = config.data.batch_size
+  shards = mesh.shape['data'] * mesh.shape['fsdp']
+  for n in range(accum, batch + 1, accum):
+    even = batch % n == 0 and (batch // n) % shards == 0
+    if even and batch // n // shards <= rows:
+      return n
+  return accum
+
+
 def lower_train_step(
   config: ml_collections.ConfigDict, mesh, batch_shapes: dict
 ) -> jax.stages.Lowered:
@@ -486,7 +508,7 @@ def lower_train_step(
       schedule,
       shardings,
       mesh,
-      grad_accum_steps=check_grad_accum(config, mesh),
+      grad_accum_steps=microbatches(config, mesh),
       compiler_options=compiler_options(config, mesh),
     )
     return step.lower(state, batch)
@@ -575,6 +597,8 @@ class Trainer:
       best_mode=ckpt.best_mode,
       keep_every=ckpt.keep_every,
     )
+    # train.grad_accum_steps, more on the CPU (train.cpu_microbatch_tokens).
+    self.microbatches = microbatches(config, self.mesh)
     self._p_train_step = jit_train_step(
       self.model,
       self.tx,
@@ -582,7 +606,7 @@ class Trainer:
       self.schedule,
       self.shardings,
       self.mesh,
-      grad_accum_steps=check_grad_accum(config, self.mesh),
+      grad_accum_steps=self.microbatches,
       compiler_options=self.compiler_options,
     )
     self._p_eval_step = jax.jit(

@@ -270,6 +270,11 @@ def check_config(config: ml_collections.ConfigDict) -> None:
     f'train.grad_accum_steps={t.grad_accum_steps} must be >= 1 and divide '
     f'data.batch_size={d.batch_size}.',
   )
+  _require(
+    t.cpu_microbatch_tokens >= 0,
+    f'train.cpu_microbatch_tokens={t.cpu_microbatch_tokens} must be >= 0 '
+    '(0: no limit).',
+  )
   pipeline.seq_len_stages(config)  # raises naming data.seq_len_schedule
   _require(
     config.optimizer.name in OPTIMIZER_NAMES,

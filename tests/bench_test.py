@@ -176,6 +176,8 @@ def test_bench_train_reports_mfu_against_the_measured_peak():
     r['tokens_per_s'] * r['model_flops_per_token'] / 1e12, rel=1e-6
   )
   assert r['peak_source'] == 'xla_matmul'
+  # XLA's FLOP count is left out where a loop over microbatches hides it.
+  assert (r['xla_flops_per_token'] is None) == (r['microbatches'] > 1)
   if os.path.exists('/proc/cpuinfo'):  # Linux: what the CPU can vectorise
     assert r['cpu_simd'] in ('avx512_bf16', 'avx512f', 'avx2', 'avx', 'none')
     if r['cpu'] == 'x86_64':  # 'family/model' as cpuinfo numbers them
@@ -290,12 +292,17 @@ def test_export_lowers_cudnn_attention_off_a_gpu(tmp_path, tokenizer_path):
   from pretrain_lm.bench import export  # noqa: PLC0415
 
   c = tiny_bert(tokenizer_path, attention_impl='cudnn', dtype='bfloat16')
-  _, _, exported, _ = export.export_train(
+  # Lowered on CPUs, for a GPU: the CPU's microbatches stay out of it.
+  c.train.cpu_microbatch_tokens = 1
+  manifest, _, exported, _ = export.export_train(
     c, str(tmp_path / 'work'), platform='cuda', mesh=one_device(c)
   )
   text = jax.export.deserialize(bytearray(exported)).mlir_module()
   assert '__cudnn$fmha' in text  # the fused kernel, forward and backward
   assert 'Backward' in text
+  assert 'stablehlo.while' not in text
+  assert manifest['config']['train']['cpu_microbatch_tokens'] == 0
+  assert c.train.cpu_microbatch_tokens == 1  # the caller's config untouched
   c.model.attention_impl = 'auto'
   with pytest.raises(ValueError, match="attention_impl='auto'"):
     export.export_train(c, str(tmp_path / 'auto'), platform='cuda')

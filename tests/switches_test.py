@@ -5,6 +5,7 @@ import json
 import math
 import os
 import shutil
+import types
 
 import jax
 import jax.numpy as jnp
@@ -159,6 +160,65 @@ def test_grad_accum_is_checked_against_batch_and_mesh(tokenizer_path):
   mesh = sharding.make_mesh(c.mesh)
   with pytest.raises(ValueError, match='2 rows per microbatch'):
     train.check_grad_accum(c, mesh)
+
+
+def fake_mesh(platform, data=1, fsdp=1):
+  """What train.microbatches reads of a mesh, on any platform."""
+  device = types.SimpleNamespace(platform=platform)
+  return types.SimpleNamespace(
+    shape={'data': data, 'fsdp': fsdp, 'tensor': 1},
+    devices=np.array([device] * (data * fsdp)),
+  )
+
+
+def test_cpu_microbatch_tokens_split_the_batch_on_the_cpu(tokenizer_path):
+  c = small('bert', tokenizer_path, data__batch_size=32)
+  assert c.data.seq_len == 64
+  # Which microbatch count each limit gives: tokens (rows of 64) per
+  # device at most the limit, a multiple of grad_accum_steps, dividing the
+  # batch evenly.
+  cases = {
+    # (tokens, grad_accum_steps, data shards): microbatches
+    (0, 1, 1): 1,  # no limit
+    (8 * 64, 1, 1): 4,
+    (5 * 64, 1, 1): 8,  # 4 rows: the fewest microbatches that fit
+    (5 * 64 + 63, 1, 1): 8,  # whole rows only
+    (10, 1, 1): 32,  # less than a row: one row each
+    (32 * 64, 1, 1): 1,
+    (16 * 64, 4, 1): 4,  # grad_accum_steps' 8 rows already fit
+    (2 * 64, 4, 1): 16,
+    (2 * 64, 1, 4): 4,  # 8 rows over 4 shards: 2 a device
+    (64, 1, 8): 4,
+    (64, 1, 32): 1,  # 1 row a device is already the most there can be
+  }
+  got = {}
+  for tokens, accum, shards in cases:
+    c.train.cpu_microbatch_tokens, c.train.grad_accum_steps = tokens, accum
+    got[tokens, accum, shards] = train.microbatches(c, fake_mesh('cpu', shards))
+  assert got == cases
+  # Other platforms keep grad_accum_steps.
+  c.train.cpu_microbatch_tokens, c.train.grad_accum_steps = 64, 2
+  assert train.microbatches(c, fake_mesh('gpu')) == 2
+  assert train.microbatches(c, fake_mesh('tpu', fsdp=2)) == 2
+  c.train.cpu_microbatch_tokens = -1
+  with pytest.raises(ValueError, match='train.cpu_microbatch_tokens=-1'):
+    validate.check_config(c)
+
+
+def test_the_trainer_takes_cpu_microbatches(tokenizer_path, tmp_path):
+  # configs/bert.py asks for 1,024 tokens a microbatch on the CPU.
+  c = small('bert', tokenizer_path, data__batch_size=32, data__seq_len=128)
+  assert c.train.cpu_microbatch_tokens == 1024
+  c.mesh.data, c.mesh.fsdp, c.mesh.tensor = 1, 1, 1
+  trainer = make_trainer(c, str(tmp_path))
+  assert trainer.microbatches == 4  # of 8 rows
+  state = trainer.initial_state()
+  with trainer.context():
+    batch = sharding.host_to_global(
+      next(pipeline.train_iterator(c, trainer.tokenizer)), trainer.mesh
+    )
+    hlo = trainer.train_step.lower(state, batch).as_text()
+  assert 'stablehlo.while' in hlo
 
 
 def test_bf16_activations_float32_master_weights(tokenizer_path, tmp_path):

@@ -54,6 +54,12 @@ Variants of the exact GELU (BERT, ELECTRA, BART, RoBERTa):
 - `gelu`: the default, Phi from erf (layers.gelu);
 - `gelu_erfc`: jax.nn.gelu(approximate=False), Phi from erfc, as before.
 
+Variants of the step's batch split (train.grad_accum_steps):
+- `accum:N`: the same batch as N microbatches in a scan, their gradients
+  summed (train.accumulate_gradients), one update; `accum:1` is the
+  config's step without the scan. Smaller microbatches keep activations in
+  the CPU's caches; the scan adds a float32 gradient sum per microbatch.
+
 Variants of XLA's compile options: `xla:NAME=VALUE` compiles the default
 step with that DebugOptions field set (jax's `compile(compiler_options=)`),
 for example `xla:xla_cpu_experimental_ynn_fusion_type=LIBRARY_FUSION_TYPE_DOT`
@@ -122,6 +128,19 @@ def compile_variant(trainer, state, batch, variant: str):
     'causal_blocks',
     'relative_bias_by_index',
   )
+  if variant.startswith('accum:'):
+    jax.clear_caches()
+    jitted = train.jit_train_step(
+      trainer.model,
+      trainer.tx,
+      trainer.loss_fn,
+      trainer.schedule,
+      trainer.shardings,
+      trainer.mesh,
+      grad_accum_steps=int(variant.removeprefix('accum:')),
+      compiler_options=trainer.compiler_options,
+    )
+    return jitted.lower(state, batch).compile()
   if variant.startswith('xla:'):
     options = configlib.parse_compiler_options(
       variant.removeprefix('xla:'), variant

@@ -25,6 +25,7 @@ and manifest.json.
 """
 
 import contextlib
+import copy
 import json
 import os
 import shutil
@@ -120,6 +121,11 @@ def _export(config, workdir, platform, disabled, mesh):
   from pretrain_lm.bench import step as step_lib  # noqa: PLC0415
   from pretrain_lm.data import pipeline  # noqa: PLC0415
 
+  if platform != 'cpu':
+    # The mesh here is this machine's CPUs; a CPU-only knob must not shape
+    # the step lowered for another platform.
+    config = copy.deepcopy(config)
+    config.train.cpu_microbatch_tokens = 0
   trainer = train.Trainer(config, workdir, mesh=mesh)
   host_batch = next(
     pipeline.train_dataset(config, trainer.tokenizer).as_numpy_iterator()

@@ -60,6 +60,7 @@ class TrainBench:
     self.tokens = tokens_per_row(shapes) * self.batch_size
     self.flops = trainer.model.train_flops(trainer.model_config, shapes)
     self.compiler_options = trainer.compiler_options
+    self.microbatches = trainer.microbatches
 
   def figures(self) -> dict[str, Any]:
     """Step time, throughput, FLOPs and memory of the timed `run`."""
@@ -67,6 +68,10 @@ class TrainBench:
       'batch_size': self.batch_size,
       'seq_len': self.seq_len,
       'tokens_per_step': self.tokens,
+      'microbatches': self.microbatches,
       **timing.run_figures(self.run, self.tokens, self.flops),
+      # XLA's cost analysis counts a loop's body once, so a step scanning
+      # its microbatches would read as 1/microbatches of its FLOPs.
+      **({'xla_flops_per_token': None} if self.microbatches > 1 else {}),
       'pad_fraction': pad_fraction(self.host_batch),
     }
