@@ -5,6 +5,7 @@ import functools
 import os
 import signal
 import time
+from collections.abc import Callable
 from typing import Any
 
 import flax
@@ -253,9 +254,13 @@ def train_step(
   tx,
   loss_fn,
   schedule,
-  grad_accum_steps: int = 1,
+  grad_accum_steps: int | Callable[[dict], int] = 1,
 ):
-  """One optimizer step; pure, so jit can shard and donate it."""
+  """One optimizer step; pure, so jit can shard and donate it.
+
+  `grad_accum_steps` may be a function of the batch (its shapes, at trace
+  time), as step_microbatches gives.
+  """
   dropout_rng = jax.random.fold_in(
     jax.random.wrap_key_data(state.rng), state.step
   )
@@ -267,6 +272,8 @@ def train_step(
     return loss_fn(outputs, batch)
 
   grad_fn = jax.value_and_grad(compute_loss, has_aux=True)
+  if callable(grad_accum_steps):  # step_microbatches': by the row length
+    grad_accum_steps = grad_accum_steps(batch)
   if grad_accum_steps == 1:
     (loss, metrics), grads = grad_fn(state.params, batch, dropout_rng)
   else:
@@ -439,19 +446,22 @@ def check_grad_accum(config: ml_collections.ConfigDict, mesh) -> int:
   return accum
 
 
-def microbatches(config: ml_collections.ConfigDict, mesh) -> int:
+def microbatches(
+  config: ml_collections.ConfigDict, mesh, seq_len: int | None = None
+) -> int:
   """How many microbatches the step splits its batch into.
 
   train.grad_accum_steps, or on the CPU, with train.cpu_microbatch_tokens
   set, the fewest multiple of it whose microbatches have at most that many
-  tokens (rows of data.seq_len; one row at least) on each device and split
-  evenly over the batch shards (none does: grad_accum_steps).
+  tokens (rows of `seq_len`, default data.seq_len; one row at least) on
+  each device and split evenly over the batch shards (none does:
+  grad_accum_steps).
   """
   accum = check_grad_accum(config, mesh)
   tokens = config.train.cpu_microbatch_tokens
   if tokens <= 0 or mesh.devices.flat[0].platform != 'cpu':
     return accum
-  rows = max(1, tokens // config.data.seq_len)
+  rows = max(1, tokens // (seq_len or config.data.seq_len))
   batch = config.data.batch_size
   shards = mesh.shape['data'] * mesh.shape['fsdp']
   for n in range(accum, batch + 1, accum):
@@ -459,6 +469,26 @@ def microbatches(config: ml_collections.ConfigDict, mesh) -> int:
     if even and batch // n // shards <= rows:
       return n
   return accum
+
+
+def step_microbatches(
+  config: ml_collections.ConfigDict, mesh
+) -> int | Callable[[dict], int]:
+  """grad_accum_steps for jit_train_step: `microbatches`, from the row
+  length of each batch the step is traced for where the CPU's limit
+  applies (a seq-len schedule's stages share one jitted step)."""
+  accum = check_grad_accum(config, mesh)
+  cpu = mesh.devices.flat[0].platform == 'cpu'
+  if config.train.cpu_microbatch_tokens <= 0 or not cpu:
+    return accum
+
+  def by_row_length(batch: dict) -> int:
+    # The longest row of the batch: the stage's seq_len (an encoder-
+    # decoder's inputs; MLM's predicted positions are fewer).
+    length = max(x.shape[1] for x in jax.tree.leaves(batch) if x.ndim > 1)
+    return microbatches(config, mesh, seq_len=length)
+
+  return by_row_length
 
 
 def lower_train_step(
@@ -508,7 +538,7 @@ def lower_train_step(
       schedule,
       shardings,
       mesh,
-      grad_accum_steps=microbatches(config, mesh),
+      grad_accum_steps=step_microbatches(config, mesh),
       compiler_options=compiler_options(config, mesh),
     )
     return step.lower(state, batch)
@@ -597,7 +627,8 @@ class Trainer:
       best_mode=ckpt.best_mode,
       keep_every=ckpt.keep_every,
     )
-    # train.grad_accum_steps, more on the CPU (train.cpu_microbatch_tokens).
+    # train.grad_accum_steps, more on the CPU (train.cpu_microbatch_tokens):
+    # the count at data.seq_len; the step counts again at each stage's.
     self.microbatches = microbatches(config, self.mesh)
     self._p_train_step = jit_train_step(
       self.model,
@@ -606,7 +637,7 @@ class Trainer:
       self.schedule,
       self.shardings,
       self.mesh,
-      grad_accum_steps=self.microbatches,
+      grad_accum_steps=step_microbatches(config, self.mesh),
       compiler_options=self.compiler_options,
     )
     self._p_eval_step = jax.jit(

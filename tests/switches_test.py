@@ -200,6 +200,20 @@ def test_cpu_microbatch_tokens_split_the_batch_on_the_cpu(tokenizer_path):
   c.train.cpu_microbatch_tokens, c.train.grad_accum_steps = 64, 2
   assert train.microbatches(c, fake_mesh('gpu')) == 2
   assert train.microbatches(c, fake_mesh('tpu', fsdp=2)) == 2
+  # The step counts at each batch's row length (a seq-len schedule's
+  # stages share one step); MLM's predicted positions are not rows.
+  c.train.cpu_microbatch_tokens, c.train.grad_accum_steps = 1024, 1
+  count = train.step_microbatches(c, fake_mesh('cpu'))
+  for length, expected in ((128, 4), (512, 16), (64, 2)):
+    batch = {
+      'input_ids': np.zeros((32, length), np.int32),
+      'masked_positions': np.zeros((32, 20), np.int32),
+      'next_sentence_labels': np.zeros((32,), np.int32),
+    }
+    assert count(batch) == expected, length
+  assert train.step_microbatches(c, fake_mesh('gpu')) == 1
+  c.train.cpu_microbatch_tokens = 0
+  assert train.step_microbatches(c, fake_mesh('cpu')) == 1
   c.train.cpu_microbatch_tokens = -1
   with pytest.raises(ValueError, match='train.cpu_microbatch_tokens=-1'):
     validate.check_config(c)
