@@ -309,15 +309,15 @@ def base_config() -> ml_collections.ConfigDict:
   # gradients summed: the update is data.batch_size's (still the global
   # batch) at 1/grad_accum_steps of the activation memory.
   c.train.grad_accum_steps = 1
-  # On the CPU only: each device's tokens per microbatch (rows x
-  # data.seq_len), at most (0: no limit). The step takes more microbatches
-  # (a multiple of grad_accum_steps) until each is this small; the update
-  # is the same batch's. A small microbatch keeps a layer's activations in
-  # the CPU's caches: on a 2-core Zen 5, ELECTRA-small's 128 x 128 step was
-  # 28% faster as microbatches of 2,048 tokens, BART-base's 8 x 512 25%,
-  # GPT-2 small's 4 x 1,024 19%; BERT-tiny's 32 x 128 19%, T5-base's 8 x
-  # 512 12%, BERT-small's 7% and BERT-base's 4% as microbatches of 1,024
-  # (experiments/benchmarks).
+  # On the CPU only: each device's tokens per microbatch (rows x the row
+  # length, each seq-len stage's), at most (0: no limit). The step takes
+  # more microbatches (a multiple of grad_accum_steps) until each is this
+  # small; the update is the same batch's. A small microbatch keeps a
+  # layer's activations in the CPU's caches: on a 2-core Zen 5,
+  # ELECTRA-small's 128 x 128 step was 28% faster as microbatches of 2,048
+  # tokens, BART-base's 8 x 512 25%, GPT-2 small's 4 x 1,024 19%; BERT-
+  # tiny's 32 x 128 19%, T5-base's 8 x 512 12%, BERT-small's 7% and
+  # BERT-base's 4% as microbatches of 1,024 (experiments/benchmarks).
   c.train.cpu_microbatch_tokens = 0
   c.train.log_every = 100
   c.train.eval_every = 10_000
