@@ -272,7 +272,7 @@ def train_step(
     return loss_fn(outputs, batch)
 
   grad_fn = jax.value_and_grad(compute_loss, has_aux=True)
-  if callable(grad_accum_steps):  # step_microbatches': by the row length
+  if callable(grad_accum_steps):  # step_microbatches, by the row length
     grad_accum_steps = grad_accum_steps(batch)
   if grad_accum_steps == 1:
     (loss, metrics), grads = grad_fn(state.params, batch, dropout_rng)
