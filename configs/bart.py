@@ -66,15 +66,9 @@ def get_config(arg=None):
   c.optimizer.warmup_steps = 10_000
   c.train.num_steps = 500_000
   if arg.size != 'tiny':
-    # On the CPU: BART-base's step is 9% faster with only the matmuls in
-    # YNNPACK than with XLA's default (a profile in
-    # experiments/benchmarks/README.md), and 6.6% faster again without
-    # YNNPACK at all. The narrow tiny preset keeps XLA's default, as
-    # BERT's narrow sizes do (configlib's comment).
-    c.train.compiler_options.cpu = configlib.CPU_NO_YNNPACK
     # On the CPU, microbatches of 2,048 tokens (4 rows of 512, and their
-    # decoder rows): BART-base's 8-row step 25% faster on a Zen 5
-    # (configlib; larger sizes not measured).
+    # decoder rows), not configlib's 1,024: BART-base's 8-row step 25%
+    # faster on a Zen 5, 1 row 23% (larger sizes not measured).
     c.train.cpu_microbatch_tokens = 2048
 
   if arg.size == 'tiny':

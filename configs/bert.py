@@ -94,15 +94,6 @@ def get_config(arg=None):
   c.optimizer.weight_decay = 0.01
   c.optimizer.warmup_steps = 10_000
   c.train.num_steps = 2_400_000 if arg.objective == 'span' else 1_000_000
-  if arg.size in ('base', 'large'):
-    # On the CPU: BERT-base's step is 4.7% faster without YNNPACK (large,
-    # wider still, not measured); BERT-small is faster with it
-    # (configlib's comment).
-    c.train.compiler_options.cpu = configlib.CPU_NO_YNNPACK
-  # On the CPU, microbatches of 1,024 tokens (8 rows of 128): 19% faster at
-  # tiny, 7% at small, 4% at base (32 x 128 on a Zen 5; configlib's
-  # comment).
-  c.train.cpu_microbatch_tokens = 1024
 
   if arg.size == 'tiny':
     configlib.laptop_schedule(c)

@@ -73,12 +73,9 @@ def get_config(arg=None):
   c.optimizer.final_learning_rate = 6e-5
   c.train.num_steps = 600_000
   if arg.size != 'tiny':
-    # On the CPU: GPT-2 small's step (4 x 1024) is 8.9% faster without
-    # YNNPACK; the narrow tiny model keeps XLA's default (configlib).
-    c.train.compiler_options.cpu = configlib.CPU_NO_YNNPACK
-    # On the CPU, microbatches of 2,048 tokens (2 rows): GPT-2 small's 4 x
-    # 1024 step 19% faster on a Zen 5 (configlib; larger sizes not
-    # measured).
+    # On the CPU, microbatches of 2,048 tokens (2 rows), not configlib's
+    # 1,024: GPT-2 small's 4 x 1024 step 19% faster on a Zen 5, 1 row 15%
+    # (larger sizes not measured).
     c.train.cpu_microbatch_tokens = 2048
 
   if arg.size == 'tiny':

@@ -75,13 +75,6 @@ def get_config(arg=None):
   c.optimizer.weight_decay = 0.0
   c.optimizer.grad_clip_norm = 0.0
   c.train.num_steps = 524_288  # 2^19, T5's pretraining length
-  # On the CPU: T5-base's step is 1.6-3% faster (configlib's comment).
-  c.train.compiler_options.cpu = configlib.CPU_YNNPACK_DOTS_ONLY
-  if arg.size != 'tiny':
-    # On the CPU, microbatches of 1,024 tokens (2 rows of 512, and their
-    # targets): T5-base's 8-row step 12% faster on a Zen 5 (configlib;
-    # other sizes not measured).
-    c.train.cpu_microbatch_tokens = 1024
 
   if arg.size == 'tiny':
     configlib.laptop_schedule(c)

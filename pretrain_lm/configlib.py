@@ -20,20 +20,14 @@ ON_CORRUPT = ('fail', 'previous')
 BEST_MODES = ('min', 'max')
 
 
-# train.compiler_options.cpu values. Which one is fastest depends on the
-# model's shapes, so each config picks its own (in-process A/Bs on the
-# 2-core CI VM, experiments/benchmarks/README.md); XLA's default hands the
-# matmuls and the reductions to YNNPACK.
-# - Only the matmuls to YNNPACK, the reductions to XLA: T5-base 1.6-3%
-#   faster than the default; BERT-small 4% slower.
-CPU_YNNPACK_DOTS_ONLY = (
-  'xla_cpu_experimental_ynn_fusion_type=LIBRARY_FUSION_TYPE_DOT'
-)
-# - No YNNPACK at all (matmuls by XLA's Eigen kernels): at width 768 and
-#   up. BERT-base 4.7% and GPT-2 small 8.9% faster than the default,
-#   BART-base 6.6% faster than matmuls-only; BERT-small (width 512) 6.4%
-#   and ELECTRA-small (256) 7% slower than the default.
-CPU_NO_YNNPACK = 'xla_cpu_experimental_ynn_fusion_type='
+# train.compiler_options.cpu: the presets keep XLA's default, which hands
+# the matmuls and the reductions to YNNPACK. On a 2-core Zen 5 with
+# cache-sized microbatches (train.cpu_microbatch_tokens) it beat YNNPACK
+# off (BERT-base by 12%, GPT-2 small by 7.5%, BART-base even) and
+# YNNPACK for the matmuls only (T5-base by 9%, BART-base even). On an
+# older VM with whole-batch steps, YNNPACK off had won at width 768 by
+# 5-9% (experiments/benchmarks/README.md, "The YNNPACK choice with
+# microbatches").
 
 
 def compiler_options_field() -> ml_collections.ConfigDict:
@@ -313,12 +307,13 @@ def base_config() -> ml_collections.ConfigDict:
   # length, each seq-len stage's), at most (0: no limit). The step takes
   # more microbatches (a multiple of grad_accum_steps) until each is this
   # small; the update is the same batch's. A small microbatch keeps a
-  # layer's activations in the CPU's caches: on a 2-core Zen 5,
-  # ELECTRA-small's 128 x 128 step was 28% faster as microbatches of 2,048
-  # tokens, BART-base's 8 x 512 25%, GPT-2 small's 4 x 1,024 19%; BERT-
-  # tiny's 32 x 128 19%, T5-base's 8 x 512 12%, BERT-small's 7% and
-  # BERT-base's 4% as microbatches of 1,024 (experiments/benchmarks).
-  c.train.cpu_microbatch_tokens = 0
+  # layer's activations in the CPU's caches. On a 2-core Zen 5, 1,024
+  # tokens made every family's step faster (experiments/benchmarks,
+  # "Microbatches that fit the caches"): at their presets' shapes
+  # BERT-base 4%, RoBERTa-base 12-22%, ALBERT-base 23%, ELECTRA-base 25%,
+  # T5-base 12%; at tiny (32 x 128) 5-29% (ELECTRA 5%, BERT 19%, UL2
+  # 29%). ELECTRA-small, GPT-2 and BART (not tiny) set 2,048, their best.
+  c.train.cpu_microbatch_tokens = 1024
   c.train.log_every = 100
   c.train.eval_every = 10_000
   # Save a checkpoint and exit cleanly at every multiple of this step (0:

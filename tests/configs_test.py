@@ -164,12 +164,7 @@ def test_xla_takes_every_presets_cpu_compile_options(name):
     except ValueError:  # a size this family does not offer
       continue
     seen.add(size)
-    options = train.compiler_options(c, mesh)
-    if options:
-      assert c.train.compiler_options.cpu in (
-        configlib.CPU_NO_YNNPACK,
-        configlib.CPU_YNNPACK_DOTS_ONLY,
-      )
+    train.compiler_options(c, mesh)  # raises on what XLA rejects
   assert {'tiny', 'large'} <= seen
 
 

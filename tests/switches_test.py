@@ -220,7 +220,7 @@ def test_cpu_microbatch_tokens_split_the_batch_on_the_cpu(tokenizer_path):
 
 
 def test_the_trainer_takes_cpu_microbatches(tokenizer_path, tmp_path):
-  # configs/bert.py asks for 1,024 tokens a microbatch on the CPU.
+  # configlib's default: 1,024 tokens a microbatch on the CPU.
   c = small('bert', tokenizer_path, data__batch_size=32, data__seq_len=128)
   assert c.train.cpu_microbatch_tokens == 1024
   c.mesh.data, c.mesh.fsdp, c.mesh.tensor = 1, 1, 1

@@ -67,8 +67,8 @@ for example `xla:xla_cpu_experimental_ynn_fusion_type=LIBRARY_FUSION_TYPE_DOT`
 are typed as in train.compiler_options (true/false, numbers, names), and
 several options go space-separated in one variant. These add to the
 config's own train.compiler_options; `--cpu_compiler_options=` replaces
-the config's CPU options for every variant (empty: XLA's defaults, the
-baseline for configs/bart.py and configs/t5.py, which set one).
+the config's CPU options for every variant (empty: XLA's defaults, what
+the presets use).
 """
 
 import argparse
