@@ -26,8 +26,8 @@ BEST_MODES = ('min', 'max')
 # off (BERT-base by 12%, GPT-2 small by 7.5%, BART-base even) and
 # YNNPACK for the matmuls only (T5-base by 9%, BART-base even). On an
 # older VM with whole-batch steps, YNNPACK off had won at width 768 by
-# 5-9% (experiments/benchmarks/README.md, "The YNNPACK choice with
-# microbatches").
+# 5-9% (experiments/benchmarks/README.md, "Microbatches for every
+# family, and YNNPACK with them").
 
 
 def compiler_options_field() -> ml_collections.ConfigDict:
@@ -309,10 +309,11 @@ def base_config() -> ml_collections.ConfigDict:
   # small; the update is the same batch's. A small microbatch keeps a
   # layer's activations in the CPU's caches. On a 2-core Zen 5, 1,024
   # tokens made every family's step faster (experiments/benchmarks,
-  # "Microbatches that fit the caches"): at their presets' shapes
-  # BERT-base 4%, RoBERTa-base 12-22%, ALBERT-base 23%, ELECTRA-base 25%,
-  # T5-base 12%; at tiny (32 x 128) 5-29% (ELECTRA 5%, BERT 19%, UL2
-  # 29%). ELECTRA-small, GPT-2 and BART (not tiny) set 2,048, their best.
+  # "Microbatches that fit the caches" and "... for every family"): at
+  # their presets' shapes BERT-base 4%, RoBERTa-base 12-22%, ALBERT-base
+  # 23%, ELECTRA-base 25%, T5-base 12%; at tiny (32 x 128) 5-29%
+  # (ELECTRA 5%, BERT 19%, UL2 29%). ELECTRA-small, GPT-2 and BART (not
+  # tiny) set 2,048, their best.
   c.train.cpu_microbatch_tokens = 1024
   c.train.log_every = 100
   c.train.eval_every = 10_000
