@@ -65,11 +65,6 @@ def get_config(arg=None):
   c.optimizer.weight_decay = 0.01
   c.optimizer.warmup_steps = 10_000
   c.train.num_steps = 500_000
-  if arg.size != 'tiny':
-    # On the CPU, microbatches of 2,048 tokens (4 rows of 512, and their
-    # decoder rows), not configlib's 1,024: BART-base's 8-row step 25%
-    # faster on a Zen 5, 1 row 23% (larger sizes not measured).
-    c.train.cpu_microbatch_tokens = 2048
 
   if arg.size == 'tiny':
     configlib.laptop_schedule(c)
