@@ -446,6 +446,12 @@ def check_grad_accum(config: ml_collections.ConfigDict, mesh) -> int:
   return accum
 
 
+def _cpu_microbatch_tokens(config: ml_collections.ConfigDict, mesh) -> int:
+  """train.cpu_microbatch_tokens where it applies (a CPU mesh), else 0."""
+  cpu = mesh.devices.flat[0].platform == 'cpu'
+  return max(config.train.cpu_microbatch_tokens, 0) if cpu else 0
+
+
 def microbatches(
   config: ml_collections.ConfigDict, mesh, seq_len: int | None = None
 ) -> int:
@@ -458,8 +464,8 @@ def microbatches(
   grad_accum_steps).
   """
   accum = check_grad_accum(config, mesh)
-  tokens = config.train.cpu_microbatch_tokens
-  if tokens <= 0 or mesh.devices.flat[0].platform != 'cpu':
+  tokens = _cpu_microbatch_tokens(config, mesh)
+  if not tokens:
     return accum
   rows = max(1, tokens // (seq_len or config.data.seq_len))
   batch = config.data.batch_size
@@ -478,8 +484,7 @@ def step_microbatches(
   length of each batch the step is traced for where the CPU's limit
   applies (a seq-len schedule's stages share one jitted step)."""
   accum = check_grad_accum(config, mesh)
-  cpu = mesh.devices.flat[0].platform == 'cpu'
-  if config.train.cpu_microbatch_tokens <= 0 or not cpu:
+  if not _cpu_microbatch_tokens(config, mesh):
     return accum
 
   def by_row_length(batch: dict) -> int:
@@ -630,16 +635,7 @@ class Trainer:
     # train.grad_accum_steps, more on the CPU (train.cpu_microbatch_tokens):
     # the count at data.seq_len; the step counts again at each stage's.
     self.microbatches = microbatches(config, self.mesh)
-    self._p_train_step = jit_train_step(
-      self.model,
-      self.tx,
-      self.loss_fn,
-      self.schedule,
-      self.shardings,
-      self.mesh,
-      grad_accum_steps=step_microbatches(config, self.mesh),
-      compiler_options=self.compiler_options,
-    )
+    self._p_train_step = self.jit_step(step_microbatches(config, self.mesh))
     self._p_eval_step = jax.jit(
       functools.partial(eval_step, model=self.model, loss_fn=self.loss_fn),
       in_shardings=(self.shardings.params, self.batch_sharding),
@@ -651,6 +647,20 @@ class Trainer:
   def train_step(self):
     """The jitted, donated step: (state, global batch) -> (state, metrics)."""
     return self._p_train_step
+
+  def jit_step(self, grad_accum_steps: int | Callable[[dict], int]):
+    """This run's train step, jitted, with another batch split (A/Bs and
+    tests; train_step is the config's)."""
+    return jit_train_step(
+      self.model,
+      self.tx,
+      self.loss_fn,
+      self.schedule,
+      self.shardings,
+      self.mesh,
+      grad_accum_steps=grad_accum_steps,
+      compiler_options=self.compiler_options,
+    )
 
   @contextlib.contextmanager
   def context(self):

@@ -78,18 +78,8 @@ def assert_trees_equal(a, b):
 @pytest.mark.parametrize('accum', [1, 2])
 def test_nonfinite_step_is_skipped_and_leaves_no_trace(trainer, accum):
   c = trainer.config
-  if accum == 1:
-    step_fn = trainer._p_train_step
-  else:  # the NaN sits in the first of two microbatches
-    step_fn = train.jit_train_step(
-      trainer.model,
-      trainer.tx,
-      trainer.loss_fn,
-      trainer.schedule,
-      trainer.shardings,
-      trainer.mesh,
-      grad_accum_steps=accum,
-    )
+  # With 2 microbatches the NaN sits in the first of them.
+  step_fn = trainer.train_step if accum == 1 else trainer.jit_step(accum)
   data = pipeline.train_iterator(c, trainer.tokenizer)
   good1, good2 = next(data), next(data)
   bad = poison(next(data), c.model.vocab_size)

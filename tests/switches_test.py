@@ -219,19 +219,31 @@ def test_cpu_microbatch_tokens_split_the_batch_on_the_cpu(tokenizer_path):
     validate.check_config(c)
 
 
-def test_the_trainer_takes_cpu_microbatches(tokenizer_path, tmp_path):
+def test_the_trainer_takes_cpu_microbatches(
+  tokenizer_path, tmp_path, monkeypatch
+):
   # configlib's default: 1,024 tokens a microbatch on the CPU.
   c = small('bert', tokenizer_path, data__batch_size=32, data__seq_len=128)
   assert c.train.cpu_microbatch_tokens == 1024
   c.mesh.data, c.mesh.fsdp, c.mesh.tensor = 1, 1, 1
   trainer = make_trainer(c, str(tmp_path))
   assert trainer.microbatches == 4  # of 8 rows
+  # The count the traced step itself scans over.
+  counts = []
+  accumulate = train.accumulate_gradients
+
+  def spy(grad_fn, params, batch, rng, n):
+    counts.append(n)
+    return accumulate(grad_fn, params, batch, rng, n)
+
+  monkeypatch.setattr(train, 'accumulate_gradients', spy)
   state = trainer.initial_state()
   with trainer.context():
     batch = sharding.host_to_global(
       next(pipeline.train_iterator(c, trainer.tokenizer)), trainer.mesh
     )
     hlo = trainer.train_step.lower(state, batch).as_text()
+  assert counts == [4]
   assert 'stablehlo.while' in hlo
 
 

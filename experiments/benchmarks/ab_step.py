@@ -130,16 +130,7 @@ def compile_variant(trainer, state, batch, variant: str):
   )
   if variant.startswith('accum:'):
     jax.clear_caches()
-    jitted = train.jit_train_step(
-      trainer.model,
-      trainer.tx,
-      trainer.loss_fn,
-      trainer.schedule,
-      trainer.shardings,
-      trainer.mesh,
-      grad_accum_steps=int(variant.removeprefix('accum:')),
-      compiler_options=trainer.compiler_options,
-    )
+    jitted = trainer.jit_step(int(variant.removeprefix('accum:')))
     return jitted.lower(state, batch).compile()
   if variant.startswith('xla:'):
     options = configlib.parse_compiler_options(
