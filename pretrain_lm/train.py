@@ -427,19 +427,34 @@ def compiler_options(
   return options
 
 
-def check_grad_accum(config: ml_collections.ConfigDict, mesh) -> int:
-  """train.grad_accum_steps, checked against the batch and the mesh."""
-  accum, batch = config.train.grad_accum_steps, config.data.batch_size
+def _field(config: ml_collections.ConfigDict, name: str):
+  """config's 'section.field' value."""
+  section, field = name.split('.')
+  return config[section][field]
+
+
+def check_grad_accum(
+  config: ml_collections.ConfigDict,
+  mesh,
+  batch_field: str = 'data.batch_size',
+) -> int:
+  """train.grad_accum_steps, checked against the batch and the mesh.
+
+  `batch_field` names the config's global batch size (fine-tuning's is
+  train.batch_size).
+  """
+  accum = config.train.grad_accum_steps
+  batch = _field(config, batch_field)
   if accum < 1 or batch % accum:
     raise ValueError(
       f'train.grad_accum_steps={accum} must be >= 1 and divide '
-      f'data.batch_size={batch}.'
+      f'{batch_field}={batch}.'
     )
   # Each microbatch is split over the batch-parallel devices like a batch.
   shards = mesh.shape['data'] * mesh.shape['fsdp']
   if (batch // accum) % shards:
     raise ValueError(
-      f'data.batch_size={batch} / train.grad_accum_steps={accum} = '
+      f'{batch_field}={batch} / train.grad_accum_steps={accum} = '
       f'{batch // accum} rows per microbatch, not divisible by the '
       f'{shards} batch shards of the mesh (mesh.data x mesh.fsdp).'
     )
@@ -453,7 +468,10 @@ def _cpu_microbatch_tokens(config: ml_collections.ConfigDict, mesh) -> int:
 
 
 def microbatches(
-  config: ml_collections.ConfigDict, mesh, seq_len: int | None = None
+  config: ml_collections.ConfigDict,
+  mesh,
+  seq_len: int | None = None,
+  batch_field: str = 'data.batch_size',
 ) -> int:
   """How many microbatches the step splits its batch into.
 
@@ -461,14 +479,14 @@ def microbatches(
   set, the fewest multiple of it whose microbatches have at most that many
   tokens (rows of `seq_len`, default data.seq_len; one row at least) on
   each device and split evenly over the batch shards (none does:
-  grad_accum_steps).
+  grad_accum_steps). `batch_field` as in check_grad_accum.
   """
-  accum = check_grad_accum(config, mesh)
+  accum = check_grad_accum(config, mesh, batch_field)
   tokens = _cpu_microbatch_tokens(config, mesh)
   if not tokens:
     return accum
   rows = max(1, tokens // (seq_len or config.data.seq_len))
-  batch = config.data.batch_size
+  batch = _field(config, batch_field)
   shards = mesh.shape['data'] * mesh.shape['fsdp']
   for n in range(accum, batch + 1, accum):
     even = batch % n == 0 and (batch // n) % shards == 0

@@ -38,12 +38,15 @@ if os.environ.get('PRETRAIN_LM_TEST_CACHE', '1') != '0' and (
   os.environ['JAX_COMPILATION_CACHE_DIR'] = _cache
   atexit.register(shutil.rmtree, _cache, ignore_errors=True)
 
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+import optax  # noqa: E402
 import pytest  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-# Empties XLA:CPU's YNNPACK fusion list (what configs/bert.py sets at base):
+# Empties XLA:CPU's YNNPACK fusion list (turns YNNPACK off):
 # a compile option whose effect shows in the compiled HLO (and which jax's
 # compilation cache keys on, unlike xla_dump_to, so the suite's shared
 # cache cannot serve another compile).
@@ -130,3 +133,70 @@ def tiny_workdir(tmp_path_factory):
     return workdir
 
   return make
+
+
+def sgd_steps(trainer):
+  """({accum: a jitted SGD(lr=1) step}, a function making a fresh state)
+  for a Trainer (pretraining's or fine-tuning's)."""
+  from pretrain_lm import train
+
+  tx = optax.sgd(1.0)  # params after = params before - gradient
+  with trainer.context():
+    shardings = train.state_shardings(
+      trainer.model, tx, trainer.batch_shapes, trainer.mesh
+    )
+  steps = {
+    accum: train.jit_train_step(
+      trainer.model,
+      tx,
+      trainer.loss_fn,
+      trainer.schedule,
+      shardings,
+      trainer.mesh,
+      grad_accum_steps=accum,
+    )
+    for accum in (1, 4)
+  }
+  with trainer.context():
+    state = train.create_train_state(
+      jax.random.key(0),
+      trainer.batch_shapes,
+      model=trainer.model,
+      tx=tx,
+      shardings=shardings,
+    )
+  # Copies keep the shardings; each step donates (consumes) its own.
+  new_state = lambda: jax.tree.map(lambda x: x.copy(), state)
+  return steps, new_state
+
+
+def one_step(trainer, steps, new_state, batch, accum):
+  """(params before, params after, metrics) of one step."""
+  from pretrain_lm import sharding
+
+  with trainer.context():
+    state = new_state()
+    before = jax.device_get(state.params)
+    batch = sharding.host_to_global(batch, trainer.mesh)
+    state, metrics = steps[accum](state, batch)
+  return before, jax.device_get(state.params), jax.device_get(metrics)
+
+
+def assert_same_step(trainer, batch, steps=None):
+  """accum=4 and accum=1 on `batch`: equal loss and gradient (round-off)."""
+  steps, new_state = steps or sgd_steps(trainer)
+  before, big, big_metrics = one_step(trainer, steps, new_state, batch, 1)
+  _, micro, micro_metrics = one_step(trainer, steps, new_state, batch, 4)
+  for key in ('loss', 'grad_norm', 'num_predictions'):
+    np.testing.assert_allclose(
+      micro_metrics[key], big_metrics[key], rtol=1e-5, err_msg=key
+    )
+  before, big, micro = map(jax.tree.leaves, (before, big, micro))
+  grads_big = [p - a for p, a in zip(before, big, strict=True)]
+  grads_micro = [p - b for p, b in zip(before, micro, strict=True)]
+  # Round-off relative to the largest gradient: some are zero in exact
+  # arithmetic (attention's key bias) and only round-off in float32.
+  scale = max(np.abs(g).max() for g in grads_big)
+  for a, b in zip(grads_big, grads_micro, strict=True):
+    np.testing.assert_allclose(b, a, rtol=0, atol=1e-5 * scale)
+  return big_metrics

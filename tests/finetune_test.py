@@ -15,6 +15,7 @@ from conftest import (
   COMPILE_FLAGS,
   NO_YNNPACK,
   REPO,
+  assert_same_step,
   load_config,
   read_metrics,
   uses_ynnpack,
@@ -633,3 +634,42 @@ def test_span_and_token_tasks_train_and_report_official_metrics(
   losses_ = [r['loss'] for r in read_metrics(tmp_path / 'run') if 'loss' in r]
   assert len(losses_) == 6 and all(math.isfinite(x) for x in losses_)
   assert losses_[-1] < losses_[0] - 0.2, losses_
+
+
+def test_microbatches_make_the_whole_batchs_token_step(tiny_workdir, tmp_path):
+  # The token head averages over labelled tokens, whose count differs from
+  # row to row: weighted by each microbatch's num_predictions, 4
+  # microbatches of one row make the 4-row batch's loss and gradient (the
+  # mean of the 4 rows' means would not).
+  data = tmp_path / 'data'
+  data.mkdir()
+  for name in ('train.txt', 'valid.txt'):
+    with open(os.path.join(REPO, 'tests', 'data', 'conll', name)) as f:
+      (data / name).write_text(f.read())
+  c = load_config('finetune/conll', f'data={data}')
+  # No dropout anywhere: each microbatch draws its own masks.
+  c.init.workdir = tiny_workdir(
+    'bert', model__dropout_rate=0.0, model__attention_dropout_rate=0.0
+  )
+  c.head.dropout = 0.0
+  c.task.seq_len = 64
+  c.train.batch_size = 4
+  c.train.grad_accum_steps = 4
+  c.train.progress_bar = False
+  run = trainer.Trainer(c, str(tmp_path / 'run'), one_device())
+  assert run.microbatches == 4
+  batch = run.train_batch(0)
+  labelled = np.sum(batch['token_labels'] >= 0, axis=1)
+  assert len(set(labelled.tolist())) > 1, labelled
+  metrics = assert_same_step(run, batch)
+  assert metrics['num_predictions'] == labelled.sum()
+
+  # On the CPU, train.cpu_microbatch_tokens splits it too, by the rows'
+  # length: at most 128 tokens = 2 rows of 64 a microbatch.
+  c.train.grad_accum_steps = 1
+  c.train.cpu_microbatch_tokens = 128
+  run = trainer.Trainer(c, str(tmp_path / 'run2'), one_device())
+  assert run.microbatches == 2
+  c.train.grad_accum_steps = 3
+  with pytest.raises(ValueError, match='train.grad_accum_steps=3'):
+    config_lib.check_config(c)

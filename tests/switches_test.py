@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from conftest import load_config, read_metrics
+from conftest import assert_same_step, load_config, read_metrics, sgd_steps
 
 from pretrain_lm import sharding, train, validate
 from pretrain_lm.convert import hf
@@ -51,68 +51,6 @@ def make_trainer(c, workdir):
   """A Trainer on c.mesh, over the first devices it needs."""
   devices = jax.devices()[: c.mesh.data * c.mesh.fsdp * c.mesh.tensor]
   return train.Trainer(c, workdir, sharding.make_mesh(c.mesh, devices))
-
-
-def sgd_steps(trainer):
-  """({accum: a jitted SGD(lr=1) step}, a function making a fresh state)."""
-  tx = optax.sgd(1.0)  # params after = params before - gradient
-  with trainer.context():
-    shardings = train.state_shardings(
-      trainer.model, tx, trainer.batch_shapes, trainer.mesh
-    )
-  steps = {
-    accum: train.jit_train_step(
-      trainer.model,
-      tx,
-      trainer.loss_fn,
-      trainer.schedule,
-      shardings,
-      trainer.mesh,
-      grad_accum_steps=accum,
-    )
-    for accum in (1, 4)
-  }
-  with trainer.context():
-    state = train.create_train_state(
-      jax.random.key(0),
-      trainer.batch_shapes,
-      model=trainer.model,
-      tx=tx,
-      shardings=shardings,
-    )
-  # Copies keep the shardings; each step donates (consumes) its own.
-  new_state = lambda: jax.tree.map(lambda x: x.copy(), state)
-  return steps, new_state
-
-
-def one_step(trainer, steps, new_state, batch, accum):
-  """(params before, params after, metrics) of one step."""
-  with trainer.context():
-    state = new_state()
-    before = jax.device_get(state.params)
-    batch = sharding.host_to_global(batch, trainer.mesh)
-    state, metrics = steps[accum](state, batch)
-  return before, jax.device_get(state.params), jax.device_get(metrics)
-
-
-def assert_same_step(trainer, batch, steps=None):
-  """accum=4 and accum=1 on `batch`: equal loss and gradient (round-off)."""
-  steps, new_state = steps or sgd_steps(trainer)
-  before, big, big_metrics = one_step(trainer, steps, new_state, batch, 1)
-  _, micro, micro_metrics = one_step(trainer, steps, new_state, batch, 4)
-  for key in ('loss', 'grad_norm', 'num_predictions'):
-    np.testing.assert_allclose(
-      micro_metrics[key], big_metrics[key], rtol=1e-5, err_msg=key
-    )
-  before, big, micro = map(jax.tree.leaves, (before, big, micro))
-  grads_big = [p - a for p, a in zip(before, big, strict=True)]
-  grads_micro = [p - b for p, b in zip(before, micro, strict=True)]
-  # Round-off relative to the largest gradient: some are zero in exact
-  # arithmetic (attention's key bias) and only round-off in float32.
-  scale = max(np.abs(g).max() for g in grads_big)
-  for a, b in zip(grads_big, grads_micro, strict=True):
-    np.testing.assert_allclose(b, a, rtol=0, atol=1e-5 * scale)
-  return big_metrics
 
 
 def test_grad_accum_equals_the_big_batch_clm(tokenizer_path, tmp_path):

@@ -60,6 +60,14 @@ Variants of the step's batch split (train.grad_accum_steps):
   config's step without the scan. Smaller microbatches keep activations in
   the CPU's caches; the scan adds a float32 gradient sum per microbatch.
 
+With `--init=WORKDIR` (a pretraining workdir), `--config` is a fine-tuning
+config (`configs/finetune/glue.py:task=sst2`) and the batch is the task's
+first `--batch_size` training rows of `--seq_len` tokens:
+
+  python experiments/benchmarks/ab_step.py \
+      --config=configs/finetune/glue.py:task=sst2 --init=workdirs/quickstart \
+      --seq_len=64 --batch_size=32 --variants=accum:1,accum:2,accum:4
+
 Variants of XLA's compile options: `xla:NAME=VALUE` compiles the default
 step with that DebugOptions field set (jax's `compile(compiler_options=)`),
 for example `xla:xla_cpu_experimental_ynn_fusion_type=LIBRARY_FUSION_TYPE_DOT`
@@ -87,6 +95,7 @@ from jax.extend import random as jex_random  # noqa: E402
 from pretrain_lm import configlib, sharding, train  # noqa: E402
 from pretrain_lm.bench import step  # noqa: E402
 from pretrain_lm.data import pipeline  # noqa: E402
+from pretrain_lm.finetune import trainer as ft_trainer  # noqa: E402
 from pretrain_lm.models import heads, layers, transformer  # noqa: E402
 
 
@@ -187,19 +196,38 @@ def main():
     default=None,
     help="replaces the config's train.compiler_options.cpu",
   )
+  p.add_argument(
+    '--init',
+    default='',
+    help='a pretraining workdir: --config is a fine-tuning config',
+  )
+  p.add_argument(
+    '--seq_len', type=int, default=0, help="fine-tuning's task.seq_len"
+  )
   args = p.parse_args()
   config = configlib.load_file(args.config)
-  config.data.batch_size = args.batch_size
   if args.cpu_compiler_options is not None:
     config.train.compiler_options.cpu = args.cpu_compiler_options
-  step.first_stage(config)
   variants = args.variants.split(',')
-
-  trainer = train.Trainer(config, tempfile.mkdtemp(prefix='ab_step_'))
+  workdir = tempfile.mkdtemp(prefix='ab_step_')
+  if args.init:  # fine-tuning: its first batch of the task's rows
+    config.init.workdir = args.init
+    config.train.batch_size = args.batch_size
+    config.task.seq_len = args.seq_len or config.task.seq_len
+    config.task.max_train_examples = args.batch_size
+    config.task.max_eval_examples = args.batch_size
+    trainer = ft_trainer.Trainer(config, workdir)
+    host = trainer.train_batch(0)
+    seq_len = config.task.seq_len
+  else:
+    config.data.batch_size = args.batch_size
+    step.first_stage(config)
+    trainer = train.Trainer(config, workdir)
+    host = next(
+      pipeline.train_dataset(config, trainer.tokenizer).as_numpy_iterator()
+    )
+    seq_len = config.data.seq_len
   state = trainer.initial_state()
-  host = next(
-    pipeline.train_dataset(config, trainer.tokenizer).as_numpy_iterator()
-  )
   times = {v: [] for v in variants}
   with trainer.context():
     batch = sharding.host_to_global(host, trainer.mesh)
@@ -212,7 +240,7 @@ def main():
         if r:
           times[v].append(time.perf_counter() - start)
 
-  print(f'{args.config}, batch {args.batch_size} x {config.data.seq_len}')
+  print(f'{args.config}, batch {args.batch_size} x {seq_len}')
   first = times[variants[0]]
   for v in variants:
     ratios = [t / b for t, b in zip(times[v], first, strict=True)]

@@ -356,23 +356,40 @@ class Trainer:
         keep=1,
         async_save=c.checkpoint.async_save,
       )
-    self._p_train_step = jax.jit(
-      functools.partial(
-        train.train_step,
-        model=self.model,
-        tx=self.tx,
-        loss_fn=self.loss_fn,
-        schedule=self.schedule,
-      ),
-      in_shardings=(self.shardings, batch_sharding),
-      out_shardings=(self.shardings, sharding.replicated(self.mesh)),
-      donate_argnums=0,
-      compiler_options=self.compiler_options,
+    # The longest input row (an encoder-decoder's inputs) sets the CPU's
+    # microbatch size, as in pretraining's step_microbatches.
+    row_length = max(
+      self.batch_shapes[k].shape[1]
+      for k in self.input_keys
+      if len(self.batch_shapes[k].shape) > 1
     )
+    self.microbatches = train.microbatches(
+      c, self.mesh, seq_len=row_length, batch_field='train.batch_size'
+    )
+    self._p_train_step = self.jit_step(self.microbatches)
     self._p_predict = jax.jit(
       functools.partial(predict_step, model=self.model),
       in_shardings=(self.shardings.params, batch_sharding),
       out_shardings=sharding.replicated(self.mesh),
+      compiler_options=self.compiler_options,
+    )
+
+  @property
+  def train_step(self):
+    """The jitted, donated step: (state, global batch) -> (state, metrics)."""
+    return self._p_train_step
+
+  def jit_step(self, grad_accum_steps: int):
+    """This run's train step, jitted, split into `grad_accum_steps`
+    microbatches (A/Bs and tests; train_step is the config's)."""
+    return train.jit_train_step(
+      self.model,
+      self.tx,
+      self.loss_fn,
+      self.schedule,
+      self.shardings,
+      self.mesh,
+      grad_accum_steps=grad_accum_steps,
       compiler_options=self.compiler_options,
     )
 
