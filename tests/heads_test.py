@@ -34,14 +34,6 @@ def test_is_argmax_is_argmax_equals_the_label_ties_included():
   assert (later != argmax).any()  # the tie rule was exercised
 
 
-@pytest.mark.parametrize('V', [40, 256, 300, 384])
-def test_first_argmax_is_jnp_argmax(V):
-  x = tied((3, 5, V))
-  np.testing.assert_array_equal(heads.first_argmax(x), jnp.argmax(x, -1))
-  y = jax.random.normal(jax.random.key(0), (4, V))
-  np.testing.assert_array_equal(heads.first_argmax(y), jnp.argmax(y, -1))
-
-
 @pytest.mark.parametrize('V', [6, 300])
 def test_samples_follow_the_softmax(V):
   # A few likely entries spread over the blocks, the rest sharing 10%.

@@ -37,7 +37,10 @@ Variants of top-1 and sampling over the vocabulary (models/heads.py):
 - `vocab`: the default, heads.is_argmax for the token accuracies and
   heads.sample_categorical for ELECTRA's generator samples;
 - `vocab_jax`: jnp.argmax(logits) == labels and jax.random.categorical,
-  as before.
+  as before;
+- `vocab_gumbel`: the default's comparisons, and the Gumbel-max sampler
+  with block-wise argmax that heads.sample_categorical was until its
+  two-level inverse CDF.
 
 Variants of T5's relative attention bias (model.position='relative'):
 - `relative`: the default, one [1, H, L, S] bias per stack from the
@@ -114,6 +117,23 @@ def looped_hash(k1, k2, x1, x2):
   return jex_random.threefry2x32_p.bind(k1, k2, x1, x2)
 
 
+def gumbel_sample(rng, logits):
+  """The Gumbel-max sampler heads.sample_categorical was until
+  2026-11-28: a threefry word and two logs per entry, then the first
+  argmax found block by block."""
+  u = jnp.maximum(heads._uniforms(rng, logits.shape), jnp.finfo('float32').tiny)
+  x = logits.astype(jnp.float32) - jnp.log(-jnp.log(u))
+  *lead, V = x.shape
+  n = -(-V // 128)
+  padded = jnp.pad(
+    x, [(0, 0)] * len(lead) + [(0, n * 128 - V)], constant_values=-jnp.inf
+  )
+  blocks = padded.reshape(*lead, n, 128)
+  best = jnp.argmax(jnp.max(blocks, axis=-1), axis=-1)
+  inside = jnp.take_along_axis(blocks, best[..., None, None], axis=-2)
+  return best * 128 + jnp.argmax(inside[..., 0, :], axis=-1)
+
+
 def full_last_layer(stack, x_BLD, ctx, deterministic, out_BP=None):
   """Stack._layers with every layer at every position, gathered after."""
   x_BLD, states = STACK_LAYERS(stack, x_BLD, ctx, deterministic)
@@ -157,6 +177,8 @@ def compile_variant(trainer, state, batch, variant: str):
     layers.ACTIVATIONS['gelu'] = lambda x: jax.nn.gelu(x, approximate=False)
   elif variant == 'bias_sum':
     heads.add_vocab_bias = lambda logits, bias: logits + bias
+  elif variant == 'vocab_gumbel':
+    heads.sample_categorical = gumbel_sample
   elif variant == 'vocab_jax':
     heads.is_argmax = lambda logits, labels: jnp.argmax(logits, -1) == labels
     heads.sample_categorical = jax.random.categorical
