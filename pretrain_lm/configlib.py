@@ -304,9 +304,10 @@ def base_config() -> ml_collections.ConfigDict:
   # batch) at 1/grad_accum_steps of the activation memory.
   c.train.grad_accum_steps = 1
   # On the CPU only: each device's tokens per microbatch (rows x the row
-  # length, each seq-len stage's), at most (0: no limit). The step takes
-  # more microbatches (a multiple of grad_accum_steps) until each is this
-  # small; the update is the same batch's. A small microbatch keeps a
+  # length, each seq-len stage's), at most (0: no limit), but two rows at
+  # least. The step takes more microbatches (a multiple of
+  # grad_accum_steps) until each is this small; the update is the same
+  # batch's. A small microbatch keeps a
   # layer's activations in the CPU's caches. On a 2-core Zen 5, 1,024
   # tokens made every family's step faster (experiments/benchmarks,
   # "Microbatches that fit the caches" and "... for every family"): at

@@ -477,7 +477,7 @@ def microbatches(
 
   train.grad_accum_steps, or on the CPU, with train.cpu_microbatch_tokens
   set, the fewest multiple of it whose microbatches have at most that many
-  tokens (rows of `seq_len`, default data.seq_len; one row at least) on
+  tokens (rows of `seq_len`, default data.seq_len; two rows at least) on
   each device and split evenly over the batch shards (none does:
   grad_accum_steps). `batch_field` as in check_grad_accum.
   """
@@ -485,7 +485,10 @@ def microbatches(
   tokens = _cpu_microbatch_tokens(config, mesh)
   if not tokens:
     return accum
-  rows = max(1, tokens // (seq_len or config.data.seq_len))
+  # Each microbatch adds a pass over the gradients: one-row microbatches
+  # lost to two-row ones in every A/B (rows of 384-1024 tokens; see
+  # experiments/benchmarks/README.md, "Two rows at least").
+  rows = max(2, tokens // (seq_len or config.data.seq_len))
   batch = _field(config, batch_field)
   shards = mesh.shape['data'] * mesh.shape['fsdp']
   for n in range(accum, batch + 1, accum):

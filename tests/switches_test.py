@@ -121,13 +121,13 @@ def test_cpu_microbatch_tokens_split_the_batch_on_the_cpu(tokenizer_path):
     (8 * 64, 1, 1): 4,
     (5 * 64, 1, 1): 8,  # 4 rows: the fewest microbatches that fit
     (5 * 64 + 63, 1, 1): 8,  # whole rows only
-    (10, 1, 1): 32,  # less than a row: one row each
+    (10, 1, 1): 16,  # less than two rows: two rows each
     (32 * 64, 1, 1): 1,
     (16 * 64, 4, 1): 4,  # grad_accum_steps' 8 rows already fit
     (2 * 64, 4, 1): 16,
     (2 * 64, 1, 4): 4,  # 8 rows over 4 shards: 2 a device
-    (64, 1, 8): 4,
-    (64, 1, 32): 1,  # 1 row a device is already the most there can be
+    (64, 1, 8): 2,  # two rows a device
+    (64, 1, 32): 1,  # 1 row a device: no split can help
   }
   got = {}
   for tokens, accum, shards in cases:
