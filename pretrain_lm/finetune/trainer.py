@@ -374,24 +374,11 @@ class Trainer:
       compiler_options=self.compiler_options,
     )
 
-  @property
-  def train_step(self):
-    """The jitted, donated step: (state, global batch) -> (state, metrics)."""
-    return self._p_train_step
-
-  def jit_step(self, grad_accum_steps: int):
-    """This run's train step, jitted, split into `grad_accum_steps`
-    microbatches (A/Bs and tests; train_step is the config's)."""
-    return train.jit_train_step(
-      self.model,
-      self.tx,
-      self.loss_fn,
-      self.schedule,
-      self.shardings,
-      self.mesh,
-      grad_accum_steps=grad_accum_steps,
-      compiler_options=self.compiler_options,
-    )
+  # The jitted step and jit_step(grad_accum_steps), as pretraining's
+  # Trainer has them: the same train.jit_train_step from the same fields
+  # (model, tx, loss_fn, schedule, shardings, mesh, compiler_options).
+  train_step = train.Trainer.train_step
+  jit_step = train.Trainer.jit_step
 
   def context(self):
     return _context(self.mesh)
