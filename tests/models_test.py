@@ -133,6 +133,8 @@ def test_mlm_logits_are_the_full_logits_at_the_masked_positions():
     {},  # BERT: post-LN, learned positions
     dict(norm_position='pre', embed_norm=False, position='rotary'),
     dict(norm_position='pre', embed_norm=False, position='relative'),
+    dict(share_layers=True),  # ALBERT: the shared weights once more, apart
+    dict(share_layers=True, num_layers=1),  # no scan: the layer alone
   ],
 )
 def test_last_layer_at_the_predictions_is_the_full_layer_gathered(variant):
@@ -184,7 +186,8 @@ def test_last_layer_at_the_predictions_is_the_full_layer_gathered(variant):
     text = str(jax.make_jaxpr(apply)(params, batch))
     return [f'f32[3,{n},{m.cfg.mlp_dim}]' in text for n in (4, 16)]
 
-  assert mlp_shapes(model) == [True, True]
+  # (A one-layer stack has no layer at every position.)
+  assert mlp_shapes(model) == [True, model.cfg.num_layers > 1]
   assert mlp_shapes(full_model) == [False, True]
 
 

@@ -173,9 +173,11 @@ def attention_mask(
 
 def last_layer_at_outputs(cfg: ModelConfig) -> bool:
   """Whether a Stack asked for a few output positions runs its last layer
-  at those positions only (see Stack). Scanned and shared stacks apply one
-  layer body to every layer, so they run it in full and gather after."""
-  return not (cfg.scan_layers or cfg.share_layers)
+  at those positions only (see Stack). A scanned stack applies one layer
+  body to a stacked axis of every layer's weights, so it runs the last
+  layer in full and gathers after; a shared (ALBERT) one applies its
+  weights once more, apart."""
+  return not cfg.scan_layers
 
 
 class Stack(nn.Module):
@@ -316,15 +318,30 @@ class Stack(nn.Module):
     if cfg.share_layers:
       # ALBERT: one set of weights applied num_layers times, scanned with
       # the params broadcast; each application keeps its own decode cache.
-      shared = nn.scan(
-        layer_cls,
-        variable_broadcast='params',
-        variable_axes={'cache': 1},
-        split_rngs={'params': False, 'dropout': True},
-        in_axes=nn.broadcast,
-        length=self.num_layers,
-      )
-      x_BLD, states = shared(**kwargs, name='shared_layer')(x_BLD, ctx)
+      # With out_BP the last application runs apart, at those positions.
+      last_apart = out_BP is not None
+      states = None
+      if self.num_layers > last_apart:
+        shared = nn.scan(
+          layer_cls,
+          variable_broadcast='params',
+          variable_axes={'cache': 1},
+          split_rngs={'params': False, 'dropout': True},
+          in_axes=nn.broadcast,
+          length=self.num_layers - last_apart,
+        )
+        x_BLD, states = shared(**kwargs, name='shared_layer')(x_BLD, ctx)
+      if last_apart:
+        inputs = rows_at(x_BLD, out_BP), outputs_ctx(ctx, x_BLD, out_BP)
+        if self.num_layers == 1:  # no scan made the weights: this does
+          x_BLD, _ = layer_cls(**kwargs, name='shared_layer')(*inputs)
+        else:  # the scan's weights once more (it owns their scope)
+          weights = nn.meta.unbox(self.variables['params']['shared_layer'])
+          rngs = {} if deterministic else {'dropout': self.make_rng('dropout')}
+          x_BLD, _ = layer_cls(**kwargs, parent=None).apply(
+            {'params': weights}, *inputs, rngs=rngs
+          )
+        out_BP = None
     elif cfg.scan_layers:
       # One compiled layer body; parameters stacked on a leading 'layers'
       # axis, caches on axis 1 so that their batch axis stays first.
