@@ -307,14 +307,16 @@ def base_config() -> ml_collections.ConfigDict:
   # length, each seq-len stage's), at most (0: no limit), but two rows at
   # least. The step takes more microbatches (a multiple of
   # grad_accum_steps) until each is this small; the update is the same
-  # batch's. A small microbatch keeps a
-  # layer's activations in the CPU's caches. On a 2-core Zen 5, 1,024
-  # tokens made every family's step faster (experiments/benchmarks,
-  # "Microbatches that fit the caches" and "... for every family"): at
-  # their presets' shapes BERT-base 4%, RoBERTa-base 12-22%, ALBERT-base
-  # 23%, ELECTRA-base 25%, T5-base 12%; at tiny (32 x 128) 5-29%
-  # (ELECTRA 5%, BERT 19%, UL2 29%); BART-base 25%. ELECTRA-small and
-  # GPT-2 (not tiny) set 2,048, their best.
+  # batch's. A small microbatch keeps a layer's activations in the CPU's
+  # caches. On a 2-core Zen 5, 1,024 tokens made every family's step
+  # faster (experiments/benchmarks, "Microbatches that fit the caches" and
+  # "... for every family"): at their presets' shapes BERT-base 4%,
+  # RoBERTa-base 12-22%, ALBERT-base 23%, ELECTRA-base 25%, T5-base 12%;
+  # at tiny (32 x 128) 5-29% (ELECTRA 5%, BERT 19%, UL2 29%); BART-base
+  # 25%. ELECTRA-small and GPT-2 (not tiny) set 2,048, their best. Two
+  # rows at least: each microbatch adds a pass over the gradients, and
+  # one-row microbatches lost to two-row ones in every A/B ("Two rows at
+  # least").
   c.train.cpu_microbatch_tokens = 1024
   c.train.log_every = 100
   c.train.eval_every = 10_000
