@@ -670,6 +670,13 @@ def test_microbatches_make_the_whole_batchs_token_step(tiny_workdir, tmp_path):
   c.train.cpu_microbatch_tokens = 128
   run = trainer.Trainer(c, str(tmp_path / 'run2'), one_device())
   assert run.microbatches == 2
+  # The Trainer's own step loops over them; the unsplit step does not.
+  with run.context():
+    state = run.initial_state()
+    batch = sharding.host_to_global(run.train_batch(0), run.mesh)
+    split = run.train_step.lower(state, batch).as_text()
+    whole = run.jit_step(1).lower(state, batch).as_text()
+  assert 'stablehlo.while' in split and 'stablehlo.while' not in whole
   c.train.grad_accum_steps = 3
   with pytest.raises(ValueError, match='train.grad_accum_steps=3'):
     config_lib.check_config(c)
