@@ -103,9 +103,15 @@ def test_runs_are_timed_in_turn_and_skipped_steps_raise():
     return timing.Run(call, 0, None, compile_s=0.0)
 
   a, b = fake_step('a'), fake_step('b')
-  timing.time_in_turn([a, b], steps=3, warmup=1)
-  # Every other round reversed: drift between rounds hits both alike.
-  assert calls == ['a', 'b', 'b', 'a', 'a', 'b', 'b', 'a']
+  timing.time_in_turn(
+    [a, b], steps=3, warmup=1, each_round=lambda: calls.append('probe')
+  )
+  # Every other round reversed: drift between rounds hits both alike. The
+  # CPU's matmul probe runs after each round.
+  assert calls == [
+    *('a', 'b', 'probe', 'b', 'a', 'probe'),
+    *('a', 'b', 'probe', 'b', 'a', 'probe'),
+  ]
   assert (a.state, len(a.times), len(b.times)) == (4, 3, 3)
   with pytest.raises(RuntimeError, match='non-finite'):
     timing.time_in_turn([a, fake_step('c', skipped=1)], steps=1, warmup=0)
@@ -197,6 +203,10 @@ def test_bench_train_reports_mfu_against_the_measured_peak():
     rel=1e-6,
   )
   assert r['best_matmul_tflops'] >= r['xla_matmul_tflops'] > 0
+  # The matmul timed after each round: the MFU against it is of the same
+  # step, so within a factor of the machine's drift of the survey's MFU.
+  assert r['xla_matmul_tflops_in_turn'] > 0
+  assert 0.25 < r['mfu_in_turn'] / r['mfu'] < 4
   if r['peer'] == peer.NAME:  # installed by `make test` / `make bench`
     # The peer's head runs at all 128 positions, ours at the masked 20.
     assert r['peer_model_flops_per_token'] > r['model_flops_per_token']
@@ -418,6 +428,45 @@ def test_cpu_peak_is_the_faster_of_xla_defaults_and_the_steps_options(
   assert calls == [None, options]
   calls.clear()
   assert peak.peaks('float32')['peak_tflops'] == 0.1 and calls == [None]
+
+
+def test_mfu_in_turn_divides_each_round_by_its_own_matmul():
+  # Round 2 runs on a machine at half speed: the step takes twice as long
+  # and the matmul after it reaches half the FLOP/s. Against the one peak
+  # timed before the steps (1e12), the median step (1.5 s) reads 0.8 x
+  # 2/3; round by round the ratio is 0.8 both times.
+  step_flops = 0.8e12
+  figures = peak.in_turn_figures(
+    step_times=[1.0, 2.0],
+    probe_flops=[0.7e12, 1e12, 0.5e12],  # the first: a warm-up round
+    step_flops=step_flops,
+  )
+  assert figures['mfu_in_turn'] == pytest.approx(0.8)
+  assert figures['xla_matmul_tflops_in_turn'] == pytest.approx(0.75)
+  with pytest.raises(ValueError):  # a probe that missed a timed round
+    peak.in_turn_figures([1.0, 2.0, 3.0], [1e12, 1e12], step_flops)
+
+
+def test_in_turn_matmul_times_xla_defaults_and_the_steps_options(
+  monkeypatch,
+):
+  compiled = []
+  lower = jax.stages.Lowered.compile
+
+  def spy(self, compiler_options=None):
+    out = lower(self, compiler_options)
+    compiled.append(uses_ynnpack(out))
+    return out
+
+  monkeypatch.setattr(jax.stages.Lowered, 'compile', spy)
+  options = configlib.parse_compiler_options(NO_YNNPACK, 'test')
+  probe = peak.InTurnMatmul('float32', 128, options)
+  assert compiled == [True, False]
+  probe()
+  probe()
+  assert len(probe.flops) == 2 and min(probe.flops) > 0
+  assert peak.in_turn_size((1024, 2048, 4096)) == 2048
+  assert peak.in_turn_size((256, 512)) == 512
 
 
 def test_xla_matmul_is_compiled_with_the_options_it_is_given(monkeypatch):

@@ -12,10 +12,13 @@ Runs on whatever backend JAX finds, prints a table, then one JSON line.
   counted as the model computes them (see pretrain_lm.models.transformer.
   stack_flops_per_token: 6N plus attention, the MLM head at the masked
   positions only). The peak is the datasheet's on GPU/TPU and, on CPU, the
-  best float32/bf16 matmul XLA reaches in this process (bench/peak.py).
-  For BERT-like masked LMs the peer, Hugging Face's Flax BERT, is timed on
-  the same batch (bench/peer.py), one step of each in turn, so that a
-  machine whose speed drifts slows both alike.
+  best float32/bf16 matmul XLA reaches in this process (bench/peak.py);
+  there an n x n matmul is also timed after each round of steps, and
+  mfu_in_turn is the median of each round's step FLOP/s over that
+  matmul's, a ratio a drifting machine moves little. For BERT-like
+  masked LMs the peer, Hugging Face's Flax BERT, is timed on the same
+  batch (bench/peer.py), one step of each in turn, so that a machine whose
+  speed drifts slows both alike.
 - pipeline: tokens/s of the training input pipeline from raw text and from
   cached token ids, per core, and the fraction of non-pad tokens.
 - decode: a decoder's KV-cached generation against full recomputation.
@@ -155,10 +158,20 @@ def run_train(config, workdir: str) -> dict:
   why_not = peer.unavailable(config) if _PEER.value == 'auto' else 'off'
   theirs = None if why_not else peer.PeerBench(config, ours.host_batch)
   runs = [ours.run] + ([theirs.run] if theirs else [])
+  probe = None
+  if result['peak_source'] == 'xla_matmul':
+    probe = peak.InTurnMatmul(
+      config.model.dtype, peak.in_turn_size(sizes), ours.compiler_options
+    )
   logging.info('Timing %d steps of %d run(s) in turn.', _STEPS.value, len(runs))
-  timing.time_in_turn(runs, steps=_STEPS.value, warmup=_WARMUP.value)
+  timing.time_in_turn(
+    runs, steps=_STEPS.value, warmup=_WARMUP.value, each_round=probe
+  )
   result.update(ours.figures())
   result['mfu'] = result['achieved_tflops'] / result['peak_tflops']
+  if probe:
+    step_flops = result['model_flops_per_token'] * result['tokens_per_step']
+    result.update(peak.in_turn_figures(ours.run.times, probe.flops, step_flops))
   pipelined = _PIPELINED.value
   if pipelined is None:
     pipelined = 0 if jax.default_backend() == 'cpu' else _STEPS.value

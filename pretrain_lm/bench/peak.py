@@ -8,6 +8,7 @@ installed) are timed too, to show how far XLA's own matmul is from the
 best any library reaches on the machine.
 """
 
+import statistics
 import time
 from collections.abc import Callable
 
@@ -71,6 +72,61 @@ def xla_matmul_flops(
     sizes,
     repeats,
   )
+
+
+class InTurnMatmul:
+  """XLA's n x n matmul, timed once a round between the steps.
+
+  A shared VM's speed drifts within a run (the survey's peak moved by 40%
+  from one run to the next on one VM), so a peak timed once, before the
+  steps, can credit the drift to the step. Called after each round of
+  timing.time_in_turn, this times `calls` matmuls (the fastest counts) at
+  the conditions of that round's steps, with XLA's defaults and, if given,
+  the step's compiler options (the faster counts, as in `peaks`).
+  `flops` holds each round's FLOP/s.
+  """
+
+  def __init__(self, dtype: str, n: int, compiler_options=None, calls: int = 3):
+    a, b = jax.random.normal(jax.random.key(n), (2, n, n), dtype)
+    self._operands = (a, b)
+    variants = [None] + ([compiler_options] if compiler_options else [])
+    self._matmuls = [
+      jax.jit(jnp.matmul).lower(a, b).compile(options) for options in variants
+    ]
+    self._work, self._calls = 2 * n**3, calls
+    self.flops: list[float] = []
+
+  def __call__(self) -> None:
+    seconds = min(
+      min(call_seconds(matmul, *self._operands, repeats=self._calls))
+      for matmul in self._matmuls
+    )
+    self.flops.append(self._work / seconds)
+
+
+def in_turn_figures(
+  step_times: list[float], probe_flops: list[float], step_flops: float
+) -> dict[str, float]:
+  """The step's MFU against the matmul timed beside it, round by round.
+
+  Round i's ratio is the step's FLOP/s in that round (`step_flops` over
+  `step_times[i]`) over the matmul's FLOP/s right after it (the last
+  len(step_times) of `probe_flops`: warm-up rounds are dropped);
+  `mfu_in_turn` is their median, so a machine that slows down or speeds
+  up during the run moves both sides alike.
+  """
+  rounds = probe_flops[len(probe_flops) - len(step_times) :]
+  ratios = [step_flops / t / f for t, f in zip(step_times, rounds, strict=True)]
+  return {
+    'xla_matmul_tflops_in_turn': statistics.median(rounds) / 1e12,
+    'mfu_in_turn': statistics.median(ratios),
+  }
+
+
+def in_turn_size(sizes) -> int:
+  """The probe's n: the middle of the survey's sizes (2048 by default),
+  large enough to run at the peak, small enough to cost little a round."""
+  return sorted(sizes)[len(sizes) // 2]
 
 
 def numpy_matmul_flops(dtype: str, sizes=SIZES, repeats=REPEATS) -> float:

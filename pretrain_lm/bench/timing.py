@@ -32,7 +32,13 @@ def compile_run(jitted: Any, state: Any, batch: Any) -> Run:
   return Run(compiled, state, batch, time.perf_counter() - start)
 
 
-def time_in_turn(runs: Sequence[Run], *, steps: int, warmup: int) -> None:
+def time_in_turn(
+  runs: Sequence[Run],
+  *,
+  steps: int,
+  warmup: int,
+  each_round: Callable[[], object] | None = None,
+) -> None:
   """Runs warmup + steps rounds of one step of each run, timing the last.
 
   Every other round goes in reverse order. On a machine whose speed drifts
@@ -43,7 +49,8 @@ def time_in_turn(runs: Sequence[Run], *, steps: int, warmup: int) -> None:
   which the training loop hides by running a step ahead, is included.
   Updates each run's state, metrics (the last step's) and times. Steps
   whose metrics count a skipped (non-finite) update are not real steps:
-  they raise.
+  they raise. `each_round`, if given, is called after every round, warm-up
+  ones included (the bench times its CPU matmul probe there).
   """
   for i in range(warmup + steps):
     for run in runs if i % 2 == 0 else runs[::-1]:
@@ -52,6 +59,8 @@ def time_in_turn(runs: Sequence[Run], *, steps: int, warmup: int) -> None:
       jax.block_until_ready((run.state, run.metrics))
       if i >= warmup:
         run.times.append(time.perf_counter() - start)
+    if each_round is not None:
+      each_round()
   for run in runs:
     skipped = int(run.metrics.get('skipped_total', 0))
     if skipped:
