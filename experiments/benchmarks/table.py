@@ -26,19 +26,21 @@ def train_tables(rows: list[dict]) -> None:
   unrolled = [r for r in rows if 'scan_layers=True' not in r['args']]
   print(
     '| model | batch x length | step s (median) | tokens/s | model '
-    'GFLOP/token | TFLOP/s | MFU (XLA matmul peak) | MFU (best matmul) '
-    '| compile s | peer tokens/s | vs peer |'
+    'GFLOP/token | TFLOP/s | MFU (XLA matmul peak) | MFU (in turn) '
+    '| MFU (best matmul) | compile s | peer tokens/s | vs peer |'
   )
-  print('|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|')
+  print('|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|')
   for r in unrolled:
     peer = r.get('peer_tokens_per_s')
     peer_s = f'{peer:,.0f}' if peer else '-'
     vs = f'{r["speedup_vs_peer"]:.2f}x' if peer else '-'
+    # The matmul timed after each round (runs since 2026-11-28 only).
+    in_turn = f'{r["mfu_in_turn"]:.0%}' if 'mfu_in_turn' in r else '-'
     print(
       f'| {name(r)} {overrides(r)} | {r["batch_size"]} x {r["seq_len"]} '
       f'| {r["step_s"]:.3f} | {r["tokens_per_s"]:,.0f} '
       f'| {r["model_flops_per_token"] / 1e9:.3f} '
-      f'| {r["achieved_tflops"]:.3f} | {r["mfu"]:.0%} '
+      f'| {r["achieved_tflops"]:.3f} | {r["mfu"]:.0%} | {in_turn} '
       f'| {r.get("mfu_vs_best_matmul", r["mfu"]):.0%} '
       f'| {r["compile_s"]:.1f} '
       f'| {peer_s} | {vs} |'
