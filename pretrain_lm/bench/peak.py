@@ -115,7 +115,12 @@ def in_turn_figures(
   `mfu_in_turn` is their median, so a machine that slows down or speeds
   up during the run moves both sides alike.
   """
-  rounds = probe_flops[len(probe_flops) - len(step_times) :]
+  if not step_times or len(probe_flops) < len(step_times):
+    raise ValueError(
+      f'{len(probe_flops)} matmul timings for {len(step_times)} timed '
+      'steps: the matmul must be timed after every round.'
+    )
+  rounds = probe_flops[-len(step_times) :]
   ratios = [step_flops / t / f for t, f in zip(step_times, rounds, strict=True)]
   return {
     'xla_matmul_tflops_in_turn': statistics.median(rounds) / 1e12,
