@@ -430,6 +430,20 @@ def test_cpu_peak_is_the_faster_of_xla_defaults_and_the_steps_options(
   assert peak.peaks('float32')['peak_tflops'] == 0.1 and calls == [None]
 
 
+def ynnpack_per_compile(monkeypatch) -> list[bool]:
+  """Whether each program compiled from here on uses YNNPACK, in order."""
+  compiled = []
+  lower = jax.stages.Lowered.compile
+
+  def spy(self, compiler_options=None):
+    out = lower(self, compiler_options)
+    compiled.append(uses_ynnpack(out))
+    return out
+
+  monkeypatch.setattr(jax.stages.Lowered, 'compile', spy)
+  return compiled
+
+
 def test_mfu_in_turn_divides_each_round_by_its_own_matmul():
   # Round 2 runs on a machine at half speed: the step takes twice as long
   # and the matmul after it reaches half the FLOP/s. Against the one peak
@@ -450,15 +464,7 @@ def test_mfu_in_turn_divides_each_round_by_its_own_matmul():
 def test_in_turn_matmul_times_xla_defaults_and_the_steps_options(
   monkeypatch,
 ):
-  compiled = []
-  lower = jax.stages.Lowered.compile
-
-  def spy(self, compiler_options=None):
-    out = lower(self, compiler_options)
-    compiled.append(uses_ynnpack(out))
-    return out
-
-  monkeypatch.setattr(jax.stages.Lowered, 'compile', spy)
+  compiled = ynnpack_per_compile(monkeypatch)
   options = configlib.parse_compiler_options(NO_YNNPACK, 'test')
   probe = peak.InTurnMatmul('float32', 128, options)
   assert compiled == [True, False]
@@ -470,15 +476,7 @@ def test_in_turn_matmul_times_xla_defaults_and_the_steps_options(
 
 
 def test_xla_matmul_is_compiled_with_the_options_it_is_given(monkeypatch):
-  compiled = []
-  lower = jax.stages.Lowered.compile
-
-  def spy(self, compiler_options=None):
-    out = lower(self, compiler_options)
-    compiled.append(uses_ynnpack(out))
-    return out
-
-  monkeypatch.setattr(jax.stages.Lowered, 'compile', spy)
+  compiled = ynnpack_per_compile(monkeypatch)
   options = configlib.parse_compiler_options(NO_YNNPACK, 'test')
   assert peak.xla_matmul_flops('float32', (128,), 1) > 0
   assert peak.xla_matmul_flops('float32', (128,), 1, options) > 0
