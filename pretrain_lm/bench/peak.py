@@ -53,24 +53,32 @@ def best_matmul_flops(
   return best
 
 
+def matmul_operands(dtype: str, n: int) -> tuple[jax.Array, jax.Array]:
+  """Two random n x n matrices (constant ones could let XLA skip work)."""
+  a, b = jax.random.normal(jax.random.key(n), (2, n, n), dtype)
+  return a, b
+
+
+def compiled_matmul(a: jax.Array, b: jax.Array, compiler_options=None):
+  """XLA's a @ b, compiled for these shapes with `compiler_options`
+  (XLA's defaults when None)."""
+  return jax.jit(jnp.matmul).lower(a, b).compile(compiler_options)
+
+
 def xla_matmul_flops(
   dtype: str, sizes=SIZES, repeats=REPEATS, compiler_options=None
 ) -> float:
   """The best FLOP/s of a jitted n x n matmul on the default device,
   compiled with `compiler_options` (XLA's defaults when None)."""
-  jitted, compiled = jax.jit(jnp.matmul), {}
+  compiled = {}
 
   def matmul(a, b):
     if a.shape not in compiled:  # the untimed warm-up call compiles
-      compiled[a.shape] = jitted.lower(a, b).compile(compiler_options)
+      compiled[a.shape] = compiled_matmul(a, b, compiler_options)
     return compiled[a.shape](a, b)
 
   return best_matmul_flops(
-    # Random operands: constant ones could let XLA skip work.
-    lambda n: jax.random.normal(jax.random.key(n), (2, n, n), dtype),
-    matmul,
-    sizes,
-    repeats,
+    lambda n: matmul_operands(dtype, n), matmul, sizes, repeats
   )
 
 
@@ -87,11 +95,10 @@ class InTurnMatmul:
   """
 
   def __init__(self, dtype: str, n: int, compiler_options=None, calls: int = 3):
-    a, b = jax.random.normal(jax.random.key(n), (2, n, n), dtype)
-    self._operands = (a, b)
+    self._operands = matmul_operands(dtype, n)
     variants = [None] + ([compiler_options] if compiler_options else [])
     self._matmuls = [
-      jax.jit(jnp.matmul).lower(a, b).compile(options) for options in variants
+      compiled_matmul(*self._operands, options) for options in variants
     ]
     self._work, self._calls = 2 * n**3, calls
     self.flops: list[float] = []
