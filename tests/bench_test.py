@@ -4,6 +4,7 @@ import gzip
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -254,23 +255,33 @@ def tiny_bert(tokenizer_path, **model):
   return c
 
 
-def test_exported_step_is_the_trainers_step(tmp_path, tokenizer_path):
+def test_exported_step_is_the_trainers_step(
+  tmp_path, tokenizer_path, monkeypatch
+):
   from pretrain_lm.bench import export, run_exported  # noqa: PLC0415
 
   c = tiny_bert(tokenizer_path, attention_impl='xla')
   # No warmup: the first update is large enough for the second loss to show.
   c.optimizer.warmup_steps, c.optimizer.learning_rate = 0, 1e-3
+  # The config's CPU options travel with the step (and its GPU ones stay).
+  c.train.compiler_options.cpu = NO_YNNPACK
+  c.train.compiler_options.gpu = 'xla_gpu_enable_latency_hiding_scheduler=true'
   *out, batch = export.export_train(
     c, str(tmp_path / 'work'), platform='cpu', mesh=one_device(c)
   )
   export.write(str(tmp_path / 'exported'), *out, batch)
   # Two steps: the second's loss also checks the first step's update.
+  compiled = ynnpack_per_compile(monkeypatch)
   r = run_exported.run(
     str(tmp_path / 'exported'),
     steps=2,
     warmup=0,
     profile_dir=str(tmp_path / 'profile'),
   )
+  # The init and the step compiled with the config's options.
+  options = {'xla_cpu_experimental_ynn_fusion_type': ''}
+  assert r['compiler_options'] == options
+  assert compiled == [False, False]
   # The Trainer's own two steps on the same batch, from its own init.
   trainer = train.Trainer(c, str(tmp_path / 'ref'), mesh=one_device(c))
   state = trainer.initial_state()
@@ -297,12 +308,26 @@ def test_exported_step_is_the_trainers_step(tmp_path, tokenizer_path):
   c = run_exported.compile_only(str(tmp_path / 'exported'))
   assert c['memory_gib'] == pytest.approx(r['memory_gib'])
   assert c['compile_s'] > 0 and c['init_compile_s'] > 0
+  assert c['compiler_options'] == options
+  assert compiled[-2:] == [False, False]
+  # A manifest without options (as written before they were recorded)
+  # gets XLA's defaults, whose step uses YNNPACK.
+  shutil.copytree(tmp_path / 'exported', tmp_path / 'old')
+  manifest = json.loads((tmp_path / 'old' / 'manifest.json').read_text())
+  del manifest['compiler_options']
+  (tmp_path / 'old' / 'manifest.json').write_text(json.dumps(manifest))
+  assert (
+    run_exported.compile_only(str(tmp_path / 'old'))['compiler_options'] == {}
+  )
+  assert compiled[-1]
 
 
 def test_export_lowers_cudnn_attention_off_a_gpu(tmp_path, tokenizer_path):
   from pretrain_lm.bench import export  # noqa: PLC0415
 
   c = tiny_bert(tokenizer_path, attention_impl='cudnn', dtype='bfloat16')
+  c.train.compiler_options.cpu = NO_YNNPACK
+  c.train.compiler_options.gpu = 'xla_gpu_enable_latency_hiding_scheduler=true'
   # Lowered on CPUs, for a GPU: the CPU's microbatches stay out of it.
   c.train.cpu_microbatch_tokens = 1
   manifest, _, exported, _ = export.export_train(
@@ -313,6 +338,10 @@ def test_export_lowers_cudnn_attention_off_a_gpu(tmp_path, tokenizer_path):
   assert 'Backward' in text
   assert 'stablehlo.while' not in text
   assert manifest['config']['train']['cpu_microbatch_tokens'] == 0
+  # A cuda step carries the config's gpu options, not its cpu ones.
+  assert manifest['compiler_options'] == {
+    'xla_gpu_enable_latency_hiding_scheduler': True
+  }
   assert c.train.cpu_microbatch_tokens == 1  # the caller's config untouched
   c.model.attention_impl = 'auto'
   with pytest.raises(ValueError, match="attention_impl='auto'"):

@@ -8,7 +8,9 @@ compiles the step with the state donated, and times it the way
 `python -m pretrain_lm.bench` does (each step waited for; the median of
 --steps after --warmup). Prints one JSON line per DIR with the bench's
 figures; MFU is against this device kind's datasheet peak
-(metrics.PEAK_FLOPS). Of pretrain_lm it imports only bench.timing,
+(metrics.PEAK_FLOPS). Both compile with the manifest's compiler_options
+(the config's train.compiler_options for the platform, as the Trainer's
+steps do there). Of pretrain_lm it imports only bench.timing,
 bench.profile, xla_flags and metrics (whose TensorFlow import waits for a
 MetricWriter), so it runs where only JAX is installed. On a GPU it adds
 xla_flags.GPU_DEFAULTS to XLA_FLAGS, as the training commands do.
@@ -49,6 +51,12 @@ def load(directory: str):
   return manifest, exported[0], exported[1], batch
 
 
+def compiler_options(manifest: dict) -> dict | None:
+  """The config's XLA options for this platform (None: XLA's defaults;
+  manifests written before they were recorded have none)."""
+  return manifest.get('compiler_options') or None
+
+
 def log(message: str) -> None:
   """Progress on stderr with the time, so stdout keeps only the JSON."""
   print(f'[{time.strftime("%H:%M:%S")}] {message}', file=sys.stderr, flush=True)
@@ -59,8 +67,9 @@ def compile_only(directory: str) -> dict:
   manifest, init, step, batch = load(directory)
   device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
   batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in batch.items()}
+  options = compiler_options(manifest)
   start = time.perf_counter()
-  jax.jit(init.call).lower(batch).compile()
+  jax.jit(init.call).lower(batch).compile(options)
   init_compile_s = time.perf_counter() - start
   # The init's outputs are committed to the device: so is the step's state.
   leaves = jax.tree.map(
@@ -68,7 +77,9 @@ def compile_only(directory: str) -> dict:
     jax.tree.unflatten(init.out_tree, init.out_avals),
   )
   start = time.perf_counter()
-  compiled = jax.jit(step.call, donate_argnums=0).lower(leaves, batch).compile()
+  compiled = (
+    jax.jit(step.call, donate_argnums=0).lower(leaves, batch).compile(options)
+  )
   return {
     'what': 'compile',
     'exported': directory,
@@ -79,6 +90,7 @@ def compile_only(directory: str) -> dict:
     'compile_s': time.perf_counter() - start,
     'memory_gib': timing.peak_memory_gib(compiled),
     'xla_flags': os.environ.get('XLA_FLAGS', ''),
+    'compiler_options': options or {},
     'batch_size': manifest['batch_size'],
   }
 
@@ -90,16 +102,17 @@ def run(
   `profile_dir` is given)."""
   manifest, init, step, batch = load(directory)
   batch = jax.device_put(batch)
+  options = compiler_options(manifest)
   log(f'{directory}: compiling and running the initialisation')
   start = time.perf_counter()
-  init_compiled = jax.jit(init.call).lower(batch).compile()
+  init_compiled = jax.jit(init.call).lower(batch).compile(options)
   init_compile_s = time.perf_counter() - start
   start = time.perf_counter()
   leaves = jax.block_until_ready(init_compiled(batch))
   init_run_s = time.perf_counter() - start
   log(f'{directory}: compiling and timing the step')
   timed = timing.compile_run(
-    jax.jit(step.call, donate_argnums=0), leaves, batch
+    jax.jit(step.call, donate_argnums=0), leaves, batch, options
   )
   timing.time_in_turn([timed], steps=steps, warmup=warmup)
   tokens, flops = manifest['tokens_per_step'], manifest['model_flops_per_step']
@@ -120,6 +133,7 @@ def run(
     'jax_exported_with': manifest['jax_exported_with'],
     'prng_impl': manifest.get('prng_impl', 'not recorded'),
     'xla_flags': os.environ.get('XLA_FLAGS', ''),
+    'compiler_options': options or {},
     'host': platform.node(),
     'batch_size': manifest['batch_size'],
     'shapes': manifest['shapes'],
