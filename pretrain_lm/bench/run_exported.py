@@ -51,10 +51,20 @@ def load(directory: str):
   return manifest, exported[0], exported[1], batch
 
 
-def compiler_options(manifest: dict) -> dict | None:
+def compiler_options(directory: str, manifest: dict) -> dict | None:
   """The config's XLA options for this platform (None: XLA's defaults;
-  manifests written before they were recorded have none)."""
-  return manifest.get('compiler_options') or None
+  manifests written before they were recorded have none), checked by XLA
+  here: export could only parse them."""
+  options = manifest.get('compiler_options') or None
+  if options:
+    try:
+      jax.jit(lambda: 0).lower().compile(options)
+    except jax.errors.JaxRuntimeError as e:
+      raise ValueError(
+        f'{os.path.join(directory, "manifest.json")}: compiler_options '
+        f'{options}: XLA on {jax.default_backend()} rejects them: {e}'
+      ) from e
+  return options
 
 
 def log(message: str) -> None:
@@ -67,7 +77,7 @@ def compile_only(directory: str) -> dict:
   manifest, init, step, batch = load(directory)
   device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
   batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in batch.items()}
-  options = compiler_options(manifest)
+  options = compiler_options(directory, manifest)
   start = time.perf_counter()
   jax.jit(init.call).lower(batch).compile(options)
   init_compile_s = time.perf_counter() - start
@@ -102,7 +112,7 @@ def run(
   `profile_dir` is given)."""
   manifest, init, step, batch = load(directory)
   batch = jax.device_put(batch)
-  options = compiler_options(manifest)
+  options = compiler_options(directory, manifest)
   log(f'{directory}: compiling and running the initialisation')
   start = time.perf_counter()
   init_compiled = jax.jit(init.call).lower(batch).compile(options)
