@@ -23,8 +23,9 @@ from pretrain_lm.models.config import ModelConfig
 # One config per model family (and both encoder-decoders), each config
 # file's argument after 'size=tiny'. ALBERT's shared layer is a scan, whose
 # body XLA's cost analysis counts once: two layers, a scan of one and the
-# last at the predicted positions. A prefix LM attends over the whole
-# square, where causal stacks run layers.causal_blocks.
+# last at the predicted positions; a scanned BERT stack likewise. A prefix
+# LM attends over the whole square, where causal stacks run
+# layers.causal_blocks.
 FAMILIES = {
   'bert': ('bert', '', {}),
   'gpt': ('gpt', '', {}),
@@ -35,6 +36,7 @@ FAMILIES = {
   'xlnet': ('xlnet', '', {}),
   'bilm': ('bilm', '', {}),
   'albert': ('albert', '', {'num_layers': 2}),
+  'bert_scan': ('bert', '', {'num_layers': 2, 'scan_layers': True}),
 }
 # Wide enough that norms, activations, dropout and the optimizer (which
 # model FLOPs leave out by convention) are a few percent of the total.

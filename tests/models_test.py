@@ -135,6 +135,8 @@ def test_mlm_logits_are_the_full_logits_at_the_masked_positions():
     dict(norm_position='pre', embed_norm=False, position='relative'),
     dict(share_layers=True),  # ALBERT: the shared weights once more, apart
     dict(share_layers=True, num_layers=1),  # no scan: the layer alone
+    dict(scan_layers=True),  # the stacked weights: N - 1 scanned, the last
+    dict(scan_layers=True, num_layers=1, remat='full'),  # the last alone
   ],
 )
 def test_last_layer_at_the_predictions_is_the_full_layer_gathered(variant):

@@ -109,7 +109,7 @@ class EncoderModel(nn.Module):
 
     The MLM head (D x E transform + E x V output) runs only at the P
     predicted positions of each row, and so does the last layer (plus
-    [CLS] with a sentence task) where transformer.last_layer_at_outputs.
+    [CLS] with a sentence task).
     """
     B, L = shapes['input_ids']
     P = shapes['masked_positions'][1] if 'masked_positions' in shapes else 0

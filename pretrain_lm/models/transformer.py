@@ -6,6 +6,8 @@ config's variant switches (norm position and type, positions, sharing,
 scan, remat) all act here, so every family gets every variant.
 """
 
+import functools
+
 import jax
 import jax.numpy as jnp
 from flax import linen as nn
@@ -171,15 +173,6 @@ def attention_mask(
   return mask[:, None]
 
 
-def last_layer_at_outputs(cfg: ModelConfig) -> bool:
-  """Whether a Stack asked for a few output positions runs its last layer
-  at those positions only (see Stack). A scanned stack applies one layer
-  body to a stacked axis of every layer's weights, so it runs the last
-  layer in full and gathers after; a shared (ALBERT) one applies its
-  weights once more, apart."""
-  return not cfg.scan_layers
-
-
 class Stack(nn.Module):
   """Embeddings, then num_layers TransformerLayers, then (pre-LN) a norm.
 
@@ -192,7 +185,8 @@ class Stack(nn.Module):
   head reads about 15% of the positions), the last layer computes its
   queries, attention output and MLP at those P positions alone, attending
   to the keys and values of all L: exactly the gathered full output, for
-  roughly P/L of that layer's cost (last_layer_at_outputs says when).
+  roughly P/L of that layer's cost. Unrolled, shared (ALBERT) and scanned
+  stacks all do (see _layers).
   """
 
   cfg: ModelConfig
@@ -345,15 +339,40 @@ class Stack(nn.Module):
     elif cfg.scan_layers:
       # One compiled layer body; parameters stacked on a leading 'layers'
       # axis, caches on axis 1 so that their batch axis stays first.
-      scanned = nn.scan(
+      scanned = functools.partial(
+        nn.scan,
         layer_cls,
         variable_axes={'params': 0, 'cache': 1},
         split_rngs={'params': True, 'dropout': True},
         in_axes=nn.broadcast,
-        length=self.num_layers,
         metadata_params={nn.PARTITION_NAME: 'layers'},
       )
-      x_BLD, states = scanned(**kwargs, name='layers')(x_BLD, ctx)
+      if out_BP is None or self.is_initializing():
+        layers_cls = scanned(length=self.num_layers)
+        x_BLD, states = layers_cls(**kwargs, name='layers')(x_BLD, ctx)
+      else:
+        # The scan owns the stacked weights: the N - 1 below are scanned
+        # apart, then the last layer runs at out_BP's positions (the same
+        # weights and outputs as the whole scan, gathered).
+        weights = nn.meta.unbox(self.variables['params']['layers'])
+        below = jax.tree.map(lambda w: w[:-1], weights)
+        last = jax.tree.map(lambda w: w[-1], weights)
+        rngs = [{}, {}]
+        if not deterministic:
+          keys = jax.random.split(self.make_rng('dropout'))
+          rngs = [{'dropout': key} for key in keys]
+        if self.num_layers > 1:
+          layers_cls = scanned(length=self.num_layers - 1)
+          x_BLD, _ = layers_cls(**kwargs, parent=None).apply(
+            {'params': below}, x_BLD, ctx, rngs=rngs[0]
+          )
+        x_BLD, _ = layer_cls(**kwargs, parent=None).apply(
+          {'params': last},
+          rows_at(x_BLD, out_BP),
+          outputs_ctx(ctx, x_BLD, out_BP),
+          rngs=rngs[1],
+        )
+        out_BP, states = None, None
     else:
       states = []
       for i in range(self.num_layers):
@@ -369,7 +388,7 @@ class Stack(nn.Module):
           x_BLD, state = layer(x_BLD, ctx)
         states.append(state)
       states = jnp.stack(states) if self.collect_states else None
-    if out_BP is not None:  # scanned or shared: the whole layer ran
+    if out_BP is not None:  # initialising: the whole last layer ran
       x_BLD = rows_at(x_BLD, out_BP)
     return x_BLD, states
 
@@ -444,11 +463,10 @@ def stack_flops_per_row(
   """Training FLOPs of one row of seq_len tokens through a stack's layers.
 
   With `outputs` (the P output positions a Stack is asked for), the last
-  layer counts as it runs when last_layer_at_outputs: its queries, output
-  projection, MLP and attention products at P positions, its keys and
-  values at all seq_len.
+  layer counts as it runs: its queries, output projection, MLP and
+  attention products at P positions, its keys and values at all seq_len.
   """
-  if not outputs or not num_layers or not last_layer_at_outputs(cfg):
+  if not outputs or not num_layers:
     return stack_flops_per_token(cfg, num_layers, seq_len) * seq_len
   below = stack_flops_per_token(cfg, num_layers - 1, seq_len) * seq_len
   return below + query_layer_flops(cfg, seq_len, outputs)
