@@ -121,9 +121,8 @@ def run(
   leaves = jax.block_until_ready(init_compiled(batch))
   init_run_s = time.perf_counter() - start
   log(f'{directory}: compiling and timing the step')
-  timed = timing.compile_run(
-    jax.jit(step.call, donate_argnums=0), leaves, batch, options
-  )
+  jitted = jax.jit(step.call, donate_argnums=0, compiler_options=options)
+  timed = timing.compile_run(jitted, leaves, batch)
   timing.time_in_turn([timed], steps=steps, warmup=warmup)
   tokens, flops = manifest['tokens_per_step'], manifest['model_flops_per_step']
   figures = timing.run_figures(timed, tokens, flops)

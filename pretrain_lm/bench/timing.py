@@ -25,13 +25,10 @@ class Run:
   times: list[float] = dataclasses.field(default_factory=list)
 
 
-def compile_run(
-  jitted: Any, state: Any, batch: Any, compiler_options=None
-) -> Run:
-  """Compiles `jitted` for (state, batch) with `compiler_options` (XLA's
-  defaults when None), timing the compile."""
+def compile_run(jitted: Any, state: Any, batch: Any) -> Run:
+  """Compiles `jitted` for (state, batch), timing the compile."""
   start = time.perf_counter()
-  compiled = jitted.lower(state, batch).compile(compiler_options)
+  compiled = jitted.lower(state, batch).compile()
   return Run(compiled, state, batch, time.perf_counter() - start)
 
 

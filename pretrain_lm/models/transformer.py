@@ -331,9 +331,8 @@ class Stack(nn.Module):
           x_BLD, _ = layer_cls(**kwargs, name='shared_layer')(*inputs)
         else:  # the scan's weights once more (it owns their scope)
           weights = nn.meta.unbox(self.variables['params']['shared_layer'])
-          rngs = {} if deterministic else {'dropout': self.make_rng('dropout')}
-          x_BLD, _ = layer_cls(**kwargs, parent=None).apply(
-            {'params': weights}, *inputs, rngs=rngs
+          x_BLD, _ = self._apart(
+            layer_cls(**kwargs, parent=None), weights, deterministic, *inputs
           )
         out_BP = None
     elif cfg.scan_layers:
@@ -355,22 +354,21 @@ class Stack(nn.Module):
         # apart, then the last layer runs at out_BP's positions (the same
         # weights and outputs as the whole scan, gathered).
         weights = nn.meta.unbox(self.variables['params']['layers'])
-        below = jax.tree.map(lambda w: w[:-1], weights)
-        last = jax.tree.map(lambda w: w[-1], weights)
-        rngs = [{}, {}]
-        if not deterministic:
-          keys = jax.random.split(self.make_rng('dropout'))
-          rngs = [{'dropout': key} for key in keys]
         if self.num_layers > 1:
-          layers_cls = scanned(length=self.num_layers - 1)
-          x_BLD, _ = layers_cls(**kwargs, parent=None).apply(
-            {'params': below}, x_BLD, ctx, rngs=rngs[0]
+          below = scanned(length=self.num_layers - 1)(**kwargs, parent=None)
+          x_BLD, _ = self._apart(
+            below,
+            jax.tree.map(lambda w: w[:-1], weights),
+            deterministic,
+            x_BLD,
+            ctx,
           )
-        x_BLD, _ = layer_cls(**kwargs, parent=None).apply(
-          {'params': last},
+        x_BLD, _ = self._apart(
+          layer_cls(**kwargs, parent=None),
+          jax.tree.map(lambda w: w[-1], weights),
+          deterministic,
           rows_at(x_BLD, out_BP),
           outputs_ctx(ctx, x_BLD, out_BP),
-          rngs=rngs[1],
         )
         out_BP, states = None, None
     else:
@@ -391,6 +389,12 @@ class Stack(nn.Module):
     if out_BP is not None:  # initialising: the whole last layer ran
       x_BLD = rows_at(x_BLD, out_BP)
     return x_BLD, states
+
+  def _apart(self, module: nn.Module, params, deterministic: bool, *args):
+    """An unbound `module` applied to `args` with `params` (weights a scan
+    owns), its dropout drawn from a key of this stack's stream."""
+    rngs = {} if deterministic else {'dropout': self.make_rng('dropout')}
+    return module.apply({'params': params}, *args, rngs=rngs)
 
 
 def rows_at(x_BL_: Array, positions_BP: Array) -> Array:
