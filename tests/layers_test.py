@@ -271,3 +271,49 @@ def test_gelu_is_x_times_the_normal_cdf_to_float32_rounding():
   np.testing.assert_allclose(
     np.asarray(y, np.float64), value, rtol=1e-2, atol=1e-2
   )
+
+
+def cudnn_calls(bias, causal):
+  """The cuDNN attention custom calls (name, result count, mask type) in
+  the gradient of cudnn_attention, lowered here for a GPU."""
+  from pretrain_lm.bench import export  # noqa: PLC0415
+
+  B, L, H, K = 2, 8, 2, 8
+  q = jnp.ones((B, L, H, K), jnp.bfloat16)
+  mask = jnp.tril(jnp.ones((L, L), bool))[None, None].repeat(B, 0)
+
+  def loss(q, k, v, bias):
+    out = layers.cudnn_attention(
+      q, k, v, bias_BHLS=bias, mask_B1LS=mask, scale=0.3, causal=causal
+    )
+    return out.astype(jnp.float32).sum()
+
+  with export.cudnn_off_gpu(90800):
+    grad = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3) if bias else (0, 1, 2)))
+    args = (q, q, q, jnp.zeros((B, H, L, L), jnp.bfloat16) if bias else None)
+    text = grad.trace(*args).lower(lowering_platforms=('cuda',)).as_text()
+  calls = []
+  for line in text.splitlines():
+    if 'custom_call @__cudnn$fmha' in line:
+      name = line.split('custom_call @')[1].split('(')[0]
+      mask_type = line.split('mask_type\\22: \\22')[1].split('\\22')[0]
+      calls.append((name, line.split('->')[-1].count('tensor<'), mask_type))
+  return calls
+
+
+@pytest.mark.parametrize('causal', [False, True])
+def test_cudnn_attention_computes_no_gradient_for_a_mask(causal):
+  # jax.nn's cuDNN attention asks for the mask's gradient; a mask alone
+  # needs none, so the backward returns dq, dk, dv and its workspace. A
+  # learned bias (T5's) keeps its gradient: a fifth result.
+  assert layers._cudnn_kernel() is not None  # the pinned jax's kernel
+  mask_type = 'CAUSAL' if causal else 'NO_MASK'
+  fwd, bwd = (
+    '__cudnn$fmhaScaleBiasSoftmax',
+    '__cudnn$fmhaScaleBiasSoftmaxBackward',
+  )
+  assert cudnn_calls(False, causal) == [
+    (fwd, 3, mask_type),
+    (bwd, 4, mask_type),
+  ]
+  assert cudnn_calls(True, causal) == [(fwd, 3, mask_type), (bwd, 5, mask_type)]

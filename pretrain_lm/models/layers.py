@@ -8,6 +8,7 @@ pretrain_lm.sharding); no mesh axis is named here.
 """
 
 import functools
+import inspect
 import math
 from collections.abc import Callable
 
@@ -502,6 +503,101 @@ def causal_blocks(L: int, S: int, chunk: int) -> list[tuple[int, int, int]]:
   ]
 
 
+def cudnn_attention(
+  q_BLHK: Array,
+  k_BSHK: Array,
+  v_BSHK: Array,
+  *,
+  bias_BHLS: Array | None,
+  mask_B1LS: Array | None,
+  scale: float,
+  causal: bool,
+) -> Array:
+  """cuDNN's fused attention, told when the mask is causal, with no
+  gradient computed for a mask.
+
+  jax.nn.dot_product_attention (implementation='cudnn') hands cuDNN the
+  boolean mask as an additive bias and, in jax 0.10, always asks for that
+  bias's gradient: the backward pass then runs cuDNN's dbias kernel for a
+  [B, 1, L, S] result that no parameter reads (experiments/benchmarks,
+  "Train steps on one H200"). When the mask is the only bias (all but
+  T5's self-attention, whose relative bias is learned), this binds the
+  kernel jax.nn wraps with the bias's gradient off: its custom VJP then
+  returns none for it. A learned bias goes through jax.nn, gradient and
+  all. With `causal`, cuDNN is also given its causal mask type, under
+  which it skips the key blocks above the diagonal; the boolean mask
+  still applies (packed segments, padding).
+  """
+  fa = _cudnn_kernel()
+  if bias_BHLS is not None or mask_B1LS is None or fa is None:
+    return jax.nn.dot_product_attention(
+      q_BLHK,
+      k_BSHK,
+      v_BSHK,
+      bias=bias_BHLS,
+      mask=mask_B1LS,
+      scale=scale,
+      is_causal=causal,
+      implementation='cudnn',
+    )
+  bias = fa.combine_bias_and_mask(None, mask_B1LS, q_BLHK.dtype)
+  unused = jnp.zeros((0,), q_BLHK.dtype)
+  return fa._dot_product_attention(
+    q_BLHK,
+    k_BSHK,
+    v_BSHK,
+    bias,
+    *(unused,) * 6,  # no sequence lengths, offsets or page tables
+    scale,
+    0,  # seed: no dropout
+    0.0,
+    (True, False),  # has_bias, has_dbias
+    fa.MaskType.CAUSAL if causal else fa.MaskType.NO_MASK,
+    fa.AttentionLayout.BTNH.value,
+    None,  # no sliding window
+    fa.check_cudnn_version(),
+    False,  # no softmax residual
+  )
+
+
+# The private kernel's parameters, as cudnn_attention passes them.
+_CUDNN_PARAMS = [
+  'query',
+  'key',
+  'value',
+  'bias',
+  'q_seqlen',
+  'kv_seqlen',
+  'q_offsets',
+  'kv_offsets',
+  'page_table_k',
+  'page_table_v',
+  'scale',
+  'seed',
+  'dropout_rate',
+  'variadic_args',
+  'mask_type',
+  'layout',
+  'sliding_window_length',
+  'cudnn_version',
+  'return_residual',
+]
+
+
+@functools.cache
+def _cudnn_kernel():
+  """jax's cuDNN attention module if its private kernel takes the
+  arguments cudnn_attention gives it (jax 0.10), else None: then the
+  mask's gradient is computed, as jax.nn does."""
+  try:
+    from jax._src.cudnn import fused_attention_stablehlo as fa  # noqa: PLC0415
+
+    params = inspect.signature(fa._dot_product_attention.fun).parameters
+  except (ImportError, AttributeError, TypeError, ValueError):
+    return None
+  return fa if list(params) == _CUDNN_PARAMS else None
+
+
 class MultiHeadAttention(nn.Module):
   """Multi-head dot-product attention for every family.
 
@@ -515,9 +611,10 @@ class MultiHeadAttention(nn.Module):
   T5's relative bias comes as `rel_bias` (the stack's, computed once) or
   as `rel_table`, read here at the positions' offsets.
 
-  `causal_chunk` > 0 tells self-attention that the mask is causal (no query
-  sees a later key): the einsum kernel then skips the key blocks the mask
-  hides (see causal_blocks).
+  `causal` tells self-attention that the mask is causal (no query sees a
+  later key): the einsum kernel then skips the key blocks the mask hides
+  (model.causal_chunk rows at a time, see causal_blocks), and cuDNN's
+  kernel skips them its own way (see cudnn_attention).
   """
 
   cfg: ModelConfig
@@ -537,7 +634,7 @@ class MultiHeadAttention(nn.Module):
     rel_table: Array | None = None,
     rel_bias: Array | None = None,
     bidirectional: bool = True,
-    causal_chunk: int = 0,
+    causal: bool = False,
   ) -> Array:
     cfg = self.cfg
     D, H, K = cfg.emb_dim, cfg.num_heads, cfg.head_dim
@@ -577,22 +674,36 @@ class MultiHeadAttention(nn.Module):
         rel_table, q_pos_BL, k_pos_BS, cfg, bidirectional
       )
 
-    if causal_chunk and mask is None:
-      raise ValueError('causal_chunk is for a causal mask; none was given.')
+    if causal and mask is None:
+      raise ValueError('causal is for a causal mask; none was given.')
     impl = attention_impl(cfg, deterministic)
+    scale = 1.0 / math.sqrt(K) if cfg.attention_scale else 1.0
+    if bias_BHLS is not None:
+      bias_BHLS = bias_BHLS.astype(dtype)
     if impl == 'einsum':
-      blocks = causal_blocks(q_BLHK.shape[1], k_BSHK.shape[1], causal_chunk)
+      chunk = cfg.causal_chunk if causal else 0
+      blocks = causal_blocks(q_BLHK.shape[1], k_BSHK.shape[1], chunk)
       out_BLHK = self._einsum_attention(
         q_BLHK, k_BSHK, v_BSHK, mask, bias_BHLS, deterministic, blocks
+      )
+    elif impl == 'cudnn':
+      out_BLHK = cudnn_attention(
+        q_BLHK,
+        k_BSHK,
+        v_BSHK,
+        bias_BHLS=bias_BHLS,
+        mask_B1LS=mask,
+        scale=scale,
+        causal=causal,
       )
     else:
       out_BLHK = jax.nn.dot_product_attention(
         q_BLHK,
         k_BSHK,
         v_BSHK,
-        bias=None if bias_BHLS is None else bias_BHLS.astype(dtype),
+        bias=bias_BHLS,
         mask=mask,
-        scale=1.0 / math.sqrt(K) if cfg.attention_scale else 1.0,
+        scale=scale,
         implementation=impl,
       )
     out_BLHK = nn.with_logical_constraint(out_BLHK, BLHK)

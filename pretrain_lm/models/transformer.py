@@ -96,9 +96,9 @@ class TransformerLayer(nn.Module):
     out_std = layers.residual_std(cfg, self.num_layers)
     dropout = layers.Dropout(cfg.dropout_rate)
 
-    # The blocks of a causal mask (layers.causal_blocks): not while decoding
+    # A causal mask's kernels skip the blocks it hides: not while decoding
     # (the cache masks) nor with a prefix LM's bidirectional prefix.
-    causal_chunk = cfg.causal_chunk if self.purely_causal(ctx) else 0
+    causal = self.purely_causal(ctx)
 
     def self_attention(h, norm):
       kv = h if ctx.get('kv') is None else norm(ctx['kv'])
@@ -114,7 +114,7 @@ class TransformerLayer(nn.Module):
         rel_table=ctx['rel_table'],
         rel_bias=ctx.get('rel_bias'),
         bidirectional=not self.causal,
-        causal_chunk=causal_chunk,
+        causal=causal,
       )
 
     def cross_attention(h, norm):
@@ -453,10 +453,16 @@ def stack_flops_per_token(
 
 def attended_keys(cfg: ModelConfig, seq_len: int, causal: bool) -> float:
   """Keys per query that self-attention's score and value products run
-  over, averaged over a row: seq_len, or, for a purely causal mask on the
-  einsum kernel, those of its blocks (layers.causal_blocks)."""
-  if not causal or layers.attention_impl(cfg, deterministic=False) != 'einsum':
+  over, averaged over a row: seq_len; for a purely causal mask on the
+  einsum kernel, those of its blocks (layers.causal_blocks); on cuDNN's,
+  which skips the blocks above the diagonal in tiles of its own choosing,
+  the triangle the mask keeps, (seq_len + 1) / 2 (a floor: the diagonal
+  tiles run whole)."""
+  impl = layers.attention_impl(cfg, deterministic=False)
+  if not causal or impl not in ('einsum', 'cudnn'):
     return float(seq_len)
+  if impl == 'cudnn':
+    return (seq_len + 1) / 2
   blocks = layers.causal_blocks(seq_len, seq_len, cfg.causal_chunk)
   return sum((q1 - q0) * s1 for q0, q1, s1 in blocks) / seq_len
 
