@@ -678,8 +678,6 @@ class MultiHeadAttention(nn.Module):
       raise ValueError('causal is for a causal mask; none was given.')
     impl = attention_impl(cfg, deterministic)
     scale = 1.0 / math.sqrt(K) if cfg.attention_scale else 1.0
-    if bias_BHLS is not None:
-      bias_BHLS = bias_BHLS.astype(dtype)
     if impl == 'einsum':
       chunk = cfg.causal_chunk if causal else 0
       blocks = causal_blocks(q_BLHK.shape[1], k_BSHK.shape[1], chunk)
@@ -691,7 +689,7 @@ class MultiHeadAttention(nn.Module):
         q_BLHK,
         k_BSHK,
         v_BSHK,
-        bias_BHLS=bias_BHLS,
+        bias_BHLS=None if bias_BHLS is None else bias_BHLS.astype(dtype),
         mask_B1LS=mask,
         scale=scale,
         causal=causal,
@@ -701,7 +699,7 @@ class MultiHeadAttention(nn.Module):
         q_BLHK,
         k_BSHK,
         v_BSHK,
-        bias=bias_BHLS,
+        bias=None if bias_BHLS is None else bias_BHLS.astype(dtype),
         mask=mask,
         scale=scale,
         implementation=impl,
