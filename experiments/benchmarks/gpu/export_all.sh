@@ -35,4 +35,8 @@ export_step bert_base_cudnn_scan "${BERT[@]}" \
   --config.model.attention_impl=cudnn --config.model.scan_layers=True
 export_step t5_base_cudnn_scan "${T5[@]}" \
   --config.model.attention_impl=cudnn --config.model.scan_layers=True
+# cuDNN attention's output and gradients for four masks, checked there
+# against float32 attention by `attention_check.py run DIR`.
+"$PY" experiments/benchmarks/gpu/attention_check.py export \
+  .gpu_export/attention_check
 du -sh .gpu_export/*
