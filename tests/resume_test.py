@@ -6,11 +6,18 @@ for bit on the (data, fsdp, tensor) = (2, 2, 2) mesh of 8 fake devices.
 The checkpoint written there also restores onto 4 devices and onto 1.
 
 Compiling dominates on CPU, so two child processes (this file run as a
-script) do the work for all objectives at once, sharing a persistent
+script) do the work for a list of objectives at once, sharing a persistent
 compilation cache (the suite's, where conftest made one): `straight`
 trains 2N steps, saving at N, and writes its final state and next batch;
 `resume` restores step N in a new process, trains N steps and writes the
 same; this process compares the files.
+
+What an objective adds to a resume is its model's state (each model class
+has its own parameters, and ELECTRA, XLNet and the BiLM their own draws)
+and its input stream (masking, spans, prefixes, denoisers). The default
+run resumes one objective per model class across processes, and checks
+every objective's stream restarting at its batch; the other objectives'
+whole resumes (the same model classes) are marked slow (`make test-all`).
 """
 
 import glob
@@ -20,6 +27,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 N = 2  # steps before and after the restart
@@ -37,6 +45,10 @@ PRESETS = {
   'ul2_decoder': ('ul2', 'size=tiny,decoder'),
   'denoising': ('bart', 'size=tiny'),
 }
+# One objective per model class: encoder, decoder, encoder-decoder,
+# ELECTRA's pair, XLNet's two streams, the BiLM's two directions.
+PER_MODEL = ('mlm', 'clm', 'span_corruption', 'electra', 'plm', 'bilm')
+OTHERS = tuple(o for o in PRESETS if o not in PER_MODEL)
 # The objective whose checkpoint is restored onto smaller meshes.
 MESH_OBJECTIVE = 'mlm'
 SMALLER_MESHES = {4: (2, 2, 1), 1: (1, 1, 1)}  # devices -> (data, fsdp, tensor)
@@ -83,13 +95,14 @@ def _dump(path: str, state, next_batch: dict) -> None:
   )
 
 
-def child(mode: str, root: str, tokenizer_path: str) -> None:
-  """The `straight` or `resume` half, for every objective."""
+def child(mode: str, root: str, tokenizer_path: str, objectives: str) -> None:
+  """The `straight` or `resume` half, for each of the comma-separated
+  objectives."""
   import jax
 
   from pretrain_lm import sharding, train
 
-  for objective in PRESETS:
+  for objective in objectives.split(','):
     c = tiny_config(objective, tokenizer_path)
     workdir = os.path.join(root, objective)
     trainer = train.Trainer(c, workdir)
@@ -127,7 +140,7 @@ def child(mode: str, root: str, tokenizer_path: str) -> None:
       json.dump(result, f)
 
 
-def run_child(mode, root, tokenizer_path, cache):
+def run_child(mode, root, tokenizer_path, cache, objectives):
   env = dict(
     os.environ,  # conftest's XLA_FLAGS: the same 8 fake devices
     JAX_PLATFORMS='cpu',
@@ -135,7 +148,14 @@ def run_child(mode, root, tokenizer_path, cache):
     JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS='0',
   )
   result = subprocess.run(
-    [sys.executable, __file__, mode, root, tokenizer_path],
+    [
+      sys.executable,
+      __file__,
+      mode,
+      root,
+      tokenizer_path,
+      ','.join(objectives),
+    ],
     cwd=REPO,
     env=env,
     capture_output=True,
@@ -150,21 +170,17 @@ def load(path):
     return dict(f)
 
 
-def test_resume_is_bitwise_and_restores_on_other_meshes(
-  tmp_path, tokenizer_path
-):
-  """Both halves in their processes; then the files agree bit for bit."""
-  from pretrain_lm.objectives import OBJECTIVES
-
-  assert set(PRESETS) == set(OBJECTIVES)
+def resume_in_two_processes(tmp_path, tokenizer_path, objectives) -> str:
+  """Both halves in their processes; then the files agree bit for bit.
+  Returns the runs' root directory."""
   root = str(tmp_path / 'runs')
   cache = os.environ.get('JAX_COMPILATION_CACHE_DIR') or str(
     tmp_path / 'jax_cache'
   )
-  run_child('straight', root, tokenizer_path, cache)
-  run_child('resume', root, tokenizer_path, cache)
+  run_child('straight', root, tokenizer_path, cache, objectives)
+  run_child('resume', root, tokenizer_path, cache, objectives)
 
-  for objective in PRESETS:
+  for objective in objectives:
     workdir = os.path.join(root, objective)
     straight = load(os.path.join(workdir, 'straight.npz'))
     resumed = load(os.path.join(workdir, 'resume.npz'))
@@ -177,6 +193,19 @@ def test_resume_is_bitwise_and_restores_on_other_meshes(
     assert straight['state.step'] == 2 * N
     # Resumed from step N's checkpoint, not trained from scratch.
     assert glob.glob(os.path.join(workdir, 'checkpoints', str(N))), objective
+  return root
+
+
+def test_resume_is_bitwise_and_restores_on_other_meshes(
+  tmp_path, tokenizer_path
+):
+  from pretrain_lm.objectives import OBJECTIVES
+
+  assert set(PRESETS) == set(OBJECTIVES)
+  # One objective of each model family (class) the presets train.
+  family = {o: tiny_config(o, tokenizer_path).model.family for o in PRESETS}
+  assert sorted(family[o] for o in PER_MODEL) == sorted(set(family.values()))
+  root = resume_in_two_processes(tmp_path, tokenizer_path, PER_MODEL)
 
   # Restoring onto 4 devices and onto 1 gives back the values saved on 8
   # bit for bit, and the same first loss to float32 round-off (the
@@ -195,5 +224,47 @@ def test_resume_is_bitwise_and_restores_on_other_meshes(
     np.testing.assert_allclose(got, want, rtol=1e-4)
 
 
+@pytest.mark.slow
+def test_resume_is_bitwise_for_the_other_objectives(tmp_path, tokenizer_path):
+  # The same model classes as PER_MODEL's, with other input streams, which
+  # test_every_objectives_stream_restarts_at_its_batch checks.
+  resume_in_two_processes(tmp_path, tokenizer_path, OTHERS)
+
+
+def test_every_objectives_stream_restarts_at_its_batch(
+  tmp_path, tokenizer_path
+):
+  """The stream a resume at step N reopens (pipeline.train_dataset from
+  batch N, as Trainer._stage_data builds it) is the fresh stream's batches
+  from N on, for every objective: its masking, spans, prefixes or
+  denoisers depend on the batch's index, not on what came before."""
+  from pretrain_lm import objectives
+  from pretrain_lm.data import pipeline
+  from pretrain_lm.data import tokenizer as tokenizer_lib
+
+  for objective in PRESETS:
+    c = tiny_config(objective, tokenizer_path)
+    tokenizer = tokenizer_lib.setup_tokenizer(
+      c.data,
+      vocab_size=c.model.vocab_size,
+      workdir=str(tmp_path / objective),
+      reserved_ids=objectives.num_reserved_ids(
+        objectives.OBJECTIVES[objective], c.objective
+      ),
+    )
+
+    def batches(start, count, c=c, tokenizer=tokenizer):
+      ds = pipeline.train_dataset(c, tokenizer, start_batch=start)
+      return list(ds.take(count).as_numpy_iterator())
+
+    fresh, restarted = batches(0, N + 2), batches(N, 2)
+    for want, got in zip(fresh[N:], restarted, strict=True):
+      assert want.keys() == got.keys(), objective
+      for key in want:
+        np.testing.assert_array_equal(got[key], want[key], f'{objective}/{key}')
+    # The restart is not the start: the check can tell batches apart.
+    assert any(not np.array_equal(fresh[0][k], fresh[N][k]) for k in want)
+
+
 if __name__ == '__main__':
-  child(*sys.argv[1:4])
+  child(*sys.argv[1:5])
