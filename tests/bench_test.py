@@ -1,5 +1,6 @@
 """The benchmark suite: model FLOPs against XLA, the CLI, the peer's inputs."""
 
+import dataclasses
 import gzip
 import json
 import os
@@ -17,7 +18,7 @@ from pretrain_lm import configlib, sharding, train
 from pretrain_lm.bench import peak, peer, step, timing
 from pretrain_lm.convert import hf
 from pretrain_lm.data import tokenizer as tokenizer_lib
-from pretrain_lm.models import MODELS
+from pretrain_lm.models import MODELS, transformer
 from pretrain_lm.models.config import ModelConfig
 
 # One config per model family (and both encoder-decoders), each config
@@ -93,6 +94,24 @@ def test_model_flops_are_the_compiled_steps_flops(family, tokenizer):
   # element-wise work: norms, activations, dropout masks, Adam).
   xla = timing.xla_flops(lowered.compile())
   assert model_flops <= xla <= 1.10 * model_flops
+
+
+def test_cudnn_causal_attention_counts_the_keys_its_mask_keeps():
+  # cuDNN's causal mask type skips the blocks above the diagonal in tiles
+  # of its own: the FLOPs count the triangle, (L + 1) / 2 keys per query.
+  base = ModelConfig.from_config(load_config('gpt', 'size=tiny').model)
+
+  def keys(impl, chunk=0, causal=True):
+    cfg = dataclasses.replace(
+      base, attention_impl=impl, attention_dropout_rate=0.0, causal_chunk=chunk
+    )
+    return transformer.attended_keys(cfg, 64, causal)
+
+  assert keys('cudnn') == 32.5
+  assert keys('cudnn', causal=False) == 64
+  assert keys('einsum') == 64
+  # The einsum kernel's blocks of 24 rows: against 24, 48 and 64 keys.
+  assert keys('einsum', chunk=24) == (24 * 24 + 24 * 48 + 16 * 64) / 64
 
 
 def test_runs_are_timed_in_turn_and_skipped_steps_raise():
