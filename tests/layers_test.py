@@ -275,7 +275,7 @@ def test_gelu_is_x_times_the_normal_cdf_to_float32_rounding():
 
 def cudnn_calls(bias, causal):
   """The cuDNN attention custom calls (name, result count, mask type) in
-  the gradient of cudnn_attention, lowered here for a GPU."""
+  the gradient of fused_attention, lowered here for a GPU."""
   from pretrain_lm.bench import export  # noqa: PLC0415
 
   B, L, H, K = 2, 8, 2, 8
@@ -283,8 +283,15 @@ def cudnn_calls(bias, causal):
   mask = jnp.tril(jnp.ones((L, L), bool))[None, None].repeat(B, 0)
 
   def loss(q, k, v, bias):
-    out = layers.cudnn_attention(
-      q, k, v, bias_BHLS=bias, mask_B1LS=mask, scale=0.3, causal=causal
+    out = layers.fused_attention(
+      q,
+      k,
+      v,
+      bias_BHLS=bias,
+      mask_B1LS=mask,
+      scale=0.3,
+      causal=causal,
+      implementation='cudnn',
     )
     return out.astype(jnp.float32).sum()
 
@@ -302,7 +309,7 @@ def cudnn_calls(bias, causal):
 
 
 @pytest.mark.parametrize('causal', [False, True])
-def test_cudnn_attention_computes_no_gradient_for_a_mask(causal):
+def test_cudnn_computes_no_gradient_for_a_mask(causal):
   # jax.nn's cuDNN attention asks for the mask's gradient; a mask alone
   # needs none, so the backward returns dq, dk, dv and its workspace. A
   # learned bias (T5's) keeps its gradient: a fifth result.

@@ -503,7 +503,7 @@ def causal_blocks(L: int, S: int, chunk: int) -> list[tuple[int, int, int]]:
   ]
 
 
-def cudnn_attention(
+def fused_attention(
   q_BLHK: Array,
   k_BSHK: Array,
   v_BSHK: Array,
@@ -512,23 +512,26 @@ def cudnn_attention(
   mask_B1LS: Array | None,
   scale: float,
   causal: bool,
+  implementation: str,
 ) -> Array:
-  """cuDNN's fused attention, told when the mask is causal, with no
-  gradient computed for a mask.
+  """jax.nn.dot_product_attention ('xla' or 'cudnn'), told when the mask
+  is causal; on cuDNN, with no gradient computed for a mask.
 
-  jax.nn.dot_product_attention (implementation='cudnn') hands cuDNN the
-  boolean mask as an additive bias and, in jax 0.10, always asks for that
-  bias's gradient: the backward pass then runs cuDNN's dbias kernel for a
-  [B, 1, L, S] result that no parameter reads (experiments/benchmarks,
-  "Train steps on one H200"). When the mask is the only bias (all but
-  T5's self-attention, whose relative bias is learned), this binds the
-  kernel jax.nn wraps with the bias's gradient off: its custom VJP then
-  returns none for it. A learned bias goes through jax.nn, gradient and
-  all. With `causal`, cuDNN is also given its causal mask type, under
-  which it skips the key blocks above the diagonal; the boolean mask
-  still applies (packed segments, padding).
+  jax.nn's cuDNN attention hands cuDNN the boolean mask as an additive
+  bias and, in jax 0.10, always asks for that bias's gradient: the
+  backward pass then runs cuDNN's dbias kernel for a [B, 1, L, S] result
+  that no parameter reads (experiments/benchmarks, "Train steps on one
+  H200"). When the mask is the only bias (all but T5's self-attention,
+  whose relative bias is learned), this binds the kernel jax.nn wraps
+  with the bias's gradient off: its custom VJP then returns none for it.
+  A learned bias goes through jax.nn, gradient and all. With `causal`,
+  cuDNN is also given its causal mask type, under which it skips the key
+  blocks above the diagonal; the boolean mask still applies (packed
+  segments, padding). jax.nn takes the bias in the compute dtype.
   """
-  fa = _cudnn_kernel()
+  if bias_BHLS is not None:
+    bias_BHLS = bias_BHLS.astype(q_BLHK.dtype)
+  fa = _cudnn_kernel() if implementation == 'cudnn' else None
   if bias_BHLS is not None or mask_B1LS is None or fa is None:
     return jax.nn.dot_product_attention(
       q_BLHK,
@@ -538,7 +541,7 @@ def cudnn_attention(
       mask=mask_B1LS,
       scale=scale,
       is_causal=causal,
-      implementation='cudnn',
+      implementation=implementation,
     )
   bias = fa.combine_bias_and_mask(None, mask_B1LS, q_BLHK.dtype)
   unused = jnp.zeros((0,), q_BLHK.dtype)
@@ -560,7 +563,7 @@ def cudnn_attention(
   )
 
 
-# The private kernel's parameters, as cudnn_attention passes them.
+# The private kernel's parameters, as fused_attention passes them.
 _CUDNN_PARAMS = [
   'query',
   'key',
@@ -587,7 +590,7 @@ _CUDNN_PARAMS = [
 @functools.cache
 def _cudnn_kernel():
   """jax's cuDNN attention module if its private kernel takes the
-  arguments cudnn_attention gives it (jax 0.10), else None: then the
+  arguments fused_attention gives it (jax 0.10), else None: then the
   mask's gradient is computed, as jax.nn does."""
   try:
     from jax._src.cudnn import fused_attention_stablehlo as fa  # noqa: PLC0415
@@ -614,7 +617,7 @@ class MultiHeadAttention(nn.Module):
   `causal` tells self-attention that the mask is causal (no query sees a
   later key): the einsum kernel then skips the key blocks the mask hides
   (model.causal_chunk rows at a time, see causal_blocks), and cuDNN's
-  kernel skips them its own way (see cudnn_attention).
+  kernel skips them its own way (see fused_attention).
   """
 
   cfg: ModelConfig
@@ -638,7 +641,6 @@ class MultiHeadAttention(nn.Module):
   ) -> Array:
     cfg = self.cfg
     D, H, K = cfg.emb_dim, cfg.num_heads, cfg.head_dim
-    dtype = cfg.jnp_dtype
     std = cfg.initializer_range
 
     def project(name, inputs_BXD):
@@ -684,24 +686,15 @@ class MultiHeadAttention(nn.Module):
       out_BLHK = self._einsum_attention(
         q_BLHK, k_BSHK, v_BSHK, mask, bias_BHLS, deterministic, blocks
       )
-    elif impl == 'cudnn':
-      out_BLHK = cudnn_attention(
+    else:
+      out_BLHK = fused_attention(
         q_BLHK,
         k_BSHK,
         v_BSHK,
-        bias_BHLS=None if bias_BHLS is None else bias_BHLS.astype(dtype),
+        bias_BHLS=bias_BHLS,
         mask_B1LS=mask,
         scale=scale,
         causal=causal,
-      )
-    else:
-      out_BLHK = jax.nn.dot_product_attention(
-        q_BLHK,
-        k_BSHK,
-        v_BSHK,
-        bias=None if bias_BHLS is None else bias_BHLS.astype(dtype),
-        mask=mask,
-        scale=scale,
         implementation=impl,
       )
     out_BLHK = nn.with_logical_constraint(out_BLHK, BLHK)

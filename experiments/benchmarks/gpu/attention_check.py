@@ -1,4 +1,4 @@
-r"""Checks layers.cudnn_attention on a GPU against float32 attention.
+r"""Checks layers.fused_attention on a GPU against float32 attention.
 
 cuDNN's kernel runs on NVIDIA GPUs only, so the CPU suite can check how
 it is lowered (tests/layers_test.py) but not what it computes. This
@@ -10,7 +10,7 @@ jax and numpy, and runs the program this jax version lowers:
   python3 experiments/benchmarks/gpu/attention_check.py \
       run .gpu_export/attention_check             # on the GPU machine
 
-`export` lowers cudnn_attention's (output, gradients) for each case's
+`export` lowers fused_attention's (output, gradients) for each case's
 shapes, for `cuda`. `run` draws each case's bf16 queries, keys, values,
 packed-segment mask and output cotangent (numpy's seeded generator, the
 same on both machines), computes the attention and its gradients in
@@ -127,7 +127,7 @@ def export_cases(directory):
     args, causal = draw(name)
 
     def cudnn(q, k, v, bias, mask, causal=causal):
-      return layers.cudnn_attention(
+      return layers.fused_attention(
         q,
         k,
         v,
@@ -135,6 +135,7 @@ def export_cases(directory):
         mask_B1LS=mask,
         scale=1 / np.sqrt(q.shape[-1]),
         causal=causal,
+        implementation='cudnn',
       )
 
     def step(args):
