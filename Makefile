@@ -14,8 +14,9 @@ $(VENV)/.installed: setup.cfg pyproject.toml
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet --no-compile -e ".[test]"
 	@# pip byte-compiles on one core (half the install's time); compileall
-	@# on all of them. A few test files in torch are for Python 3.12+: they
-	@# do not compile (pip skips them too), hence -qq and || true.
+	@# on all of them. One torch test file is Python 3.12 syntax and does
+	@# not compile (pip skips it too), hence -qq and || true: a file left
+	@# uncompiled is compiled when first imported.
 	$(PY) -m compileall -qq -j 0 $(VENV)/lib || true
 	touch $@
 
