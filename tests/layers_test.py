@@ -1,5 +1,6 @@
 """layers.Dropout against the definition of inverted Bernoulli dropout."""
 
+import functools
 import math
 
 import jax
@@ -248,6 +249,75 @@ def test_broadcast_rows_sums_its_gradient_as_a_product():
   row_sum = 'across dimensions = [0]'
   assert 'dot_general' in lowered('cpu') and row_sum not in lowered('cpu')
   assert 'dot_general' not in lowered('cuda') and row_sum in lowered('cuda')
+
+
+PROJECTIONS = [
+  ('BLD,DF->BLF', (2, 3, 4), (4, 5)),  # the MLP's first product
+  ('BLD,DHK->BLHK', (2, 3, 4), (4, 2, 3)),  # query, key, value
+  ('BLHK,HKD->BLD', (2, 3, 2, 3), (2, 3, 4)),  # attention's output
+  ('BPE,VE->BPV', (2, 3, 4), (7, 4)),  # a tied vocabulary head
+  ('BD,DC->BC', (2, 4), (4, 3)),  # a classifier
+]
+
+
+def dot_operand_ranks(text: str) -> list[tuple[int, int]]:
+  """The operands' ranks of each dot_general in StableHLO text."""
+  ranks = []
+  for line in text.splitlines():
+    if 'stablehlo.dot_general' in line:
+      operands = line.rsplit(' : (', 1)[1].split(') -> ')[0]
+      ranks.append(
+        tuple(t.count('x') for t in operands.split(', ')),
+      )
+  return ranks
+
+
+@pytest.mark.parametrize('equation,x_shape,w_shape', PROJECTIONS)
+def test_project_is_the_einsum_and_takes_2d_products_on_the_cpu(
+  equation, x_shape, w_shape
+):
+  x = jax.random.normal(jax.random.key(0), x_shape)
+  w = jax.random.normal(jax.random.key(1), w_shape)
+  out = jnp.einsum(equation, x, w)
+  cotangent = jax.random.normal(jax.random.key(2), out.shape)
+
+  def loss(product):
+    return lambda x, w: jnp.sum(jnp.sin(product(equation, x, w)) * cotangent)
+
+  np.testing.assert_allclose(layers.project(equation, x, w), out, rtol=1e-6)
+  grads = jax.grad(loss(layers.project), (0, 1))(x, w)
+  expected = jax.grad(loss(jnp.einsum), (0, 1))(x, w)
+  for got, want in zip(grads, expected, strict=True):
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+  # On the CPU the product and both gradients are [rows, in] x [in, out]
+  # matrix products; other backends get the einsum over the dims as given.
+  def ranks(platform):
+    traced = jax.jit(jax.grad(loss(layers.project), (0, 1))).trace(x, w)
+    text = traced.lower(lowering_platforms=(platform,)).as_text()
+    return dot_operand_ranks(text)
+
+  assert len(ranks('cpu')) == 3 and set(ranks('cpu')) == {(2, 2)}
+  einsum_ranks = {(len(x_shape), len(w_shape)), (len(out.shape), len(w_shape))}
+  assert len(ranks('cuda')) == 3 and set(ranks('cuda')) >= einsum_ranks
+
+
+@pytest.mark.parametrize(
+  'equation,x_shape,w_shape',
+  [
+    ('BLHK,BSHK->BHLS', (2, 3, 2, 4), (2, 5, 2, 4)),  # batched over B, H
+    ('DB,DC->BC', (4, 2), (4, 3)),  # x's contracted dim first
+  ],
+)
+def test_project_leaves_other_equations_to_einsum(equation, x_shape, w_shape):
+  x = jax.random.normal(jax.random.key(0), x_shape)
+  w = jax.random.normal(jax.random.key(1), w_shape)
+  np.testing.assert_array_equal(
+    layers.project(equation, x, w), jnp.einsum(equation, x, w)
+  )
+  text = jax.jit(functools.partial(layers.project, equation)).trace(x, w)
+  ranks = dot_operand_ranks(text.lower(lowering_platforms=('cpu',)).as_text())
+  assert ranks == [(len(x_shape), len(w_shape))]
 
 
 def test_gelu_is_x_times_the_normal_cdf_to_float32_rounding():

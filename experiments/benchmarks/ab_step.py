@@ -57,6 +57,11 @@ Variants of the exact GELU (BERT, ELECTRA, BART, RoBERTa):
 - `gelu`: the default, Phi from erf (layers.gelu);
 - `gelu_erfc`: jax.nn.gelu(approximate=False), Phi from erfc, as before.
 
+Variants of the dense projections (every family):
+- `project`: the default, each projection one 2-D matrix product over
+  flat views of x and W (layers.project);
+- `project_einsum`: jnp.einsum over x's and W's own dims, as before.
+
 Variants of the step's batch split (train.grad_accum_steps):
 - `accum:N`: the same batch as N microbatches in a scan, their gradients
   summed (train.accumulate_gradients), one update; `accum:1` is the
@@ -156,6 +161,7 @@ def compile_variant(trainer, state, batch, variant: str):
     'threefry2x32',
     'causal_blocks',
     'relative_bias_by_index',
+    'project',
   )
   if variant.startswith('accum:'):
     jax.clear_caches()
@@ -171,8 +177,18 @@ def compile_variant(trainer, state, batch, variant: str):
   saved = {name: getattr(layers, name) for name in patched}
   if variant == 'last_full':
     transformer.Stack._layers = full_last_layer
-  elif variant in ('last', 'causal', 'vocab', 'relative', 'bias', 'gelu'):
+  elif variant in (
+    'last',
+    'causal',
+    'vocab',
+    'relative',
+    'bias',
+    'gelu',
+    'project',
+  ):
     pass
+  elif variant == 'project_einsum':
+    layers.project = jnp.einsum
   elif variant == 'gelu_erfc':
     layers.ACTIVATIONS['gelu'] = lambda x: jax.nn.gelu(x, approximate=False)
   elif variant == 'bias_sum':
