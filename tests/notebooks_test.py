@@ -36,7 +36,7 @@ def test_there_are_notebooks():
 
 
 @pytest.mark.parametrize('path', NOTEBOOKS, ids=os.path.basename)
-def test_notebook_runs(path, tiny_workdir, monkeypatch):
+def test_notebook_runs(path, tiny_workdir, monkeypatch, tmp_path):
   with open(path, encoding='utf-8') as f:
     source = f.read()
   for variable, (name, arg, overrides) in WORKDIRS.items():
@@ -44,6 +44,8 @@ def test_notebook_runs(path, tiny_workdir, monkeypatch):
       monkeypatch.setenv(variable, tiny_workdir(name, arg, **overrides))
   # The SST-2 notebooks on a slice: the suite checks that they run.
   monkeypatch.setenv('SST2_TRAIN_EXAMPLES', '512')
+  # What a notebook writes to tempfile's folder goes to the test's own.
+  monkeypatch.setenv('TMPDIR', str(tmp_path))
   notebook = nbformat.reads(source, as_version=4)
   client = NotebookClient(
     notebook,
