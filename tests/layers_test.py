@@ -1,4 +1,10 @@
-"""layers.Dropout against the definition of inverted Bernoulli dropout."""
+"""pretrain_lm.models.layers against reference definitions.
+
+Dropout against inverted Bernoulli dropout and jax's threefry; relative
+position bias by index against the table lookup; broadcast_rows and project
+against the einsums they replace; GELU against the normal CDF; the cuDNN
+attention path's mask handling.
+"""
 
 import functools
 import math

@@ -140,12 +140,12 @@ def project(equation: str, x: Array, w: Array) -> Array:
   def flat(x, w):
     lead_shape = x.shape[: len(lead)]
     k = math.prod(x.shape[len(lead) :])
-    if w_out_first:
-      out_shape, w2, dims = w.shape[: len(w_out)], w.reshape(-1, k), (1, 1)
+    if w_out_first:  # W as [out, in]: contract its dim 1
+      out_shape, w2, w_in = w.shape[: len(w_out)], w.reshape(-1, k), 1
     else:
-      out_shape, w2, dims = w.shape[len(contracted) :], w.reshape(k, -1), (1, 0)
+      out_shape, w2, w_in = w.shape[len(contracted) :], w.reshape(k, -1), 0
     x2 = x.reshape(math.prod(lead_shape), k)
-    y2 = jax.lax.dot_general(x2, w2, (((dims[0],), (dims[1],)), ((), ())))
+    y2 = jax.lax.dot_general(x2, w2, (((1,), (w_in,)), ((), ())))
     return y2.reshape(*lead_shape, *out_shape)
 
   return jax.lax.platform_dependent(
@@ -691,7 +691,7 @@ class MultiHeadAttention(nn.Module):
     D, H, K = cfg.emb_dim, cfg.num_heads, cfg.head_dim
     std = cfg.initializer_range
 
-    def project(name, inputs_BXD):
+    def project_heads(name, inputs_BXD):
       y = dense(
         self,
         name,
@@ -704,9 +704,9 @@ class MultiHeadAttention(nn.Module):
       )
       return nn.with_logical_constraint(y, BLHK)
 
-    q_BLHK = project('query', x_BLD)
-    k_BSHK = project('key', kv_BSD)
-    v_BSHK = project('value', kv_BSD)
+    q_BLHK = project_heads('query', x_BLD)
+    k_BSHK = project_heads('key', kv_BSD)
+    v_BSHK = project_heads('value', kv_BSD)
     if cfg.position == 'rotary' and q_pos_BL is not None:
       q_BLHK = rotary(q_BLHK, q_pos_BL, cfg.rotary_base)
       k_BSHK = rotary(k_BSHK, k_pos_BS, cfg.rotary_base)
