@@ -67,14 +67,20 @@ def test_xla_knows_every_default_flag():
 
 
 # Each entry point runs as `python -m` with apply_gpu_defaults replaced by a
-# stand-in that reports whether a JAX backend had started and then exits.
-_ENTRY_POINT = """
-import runpy, sys
-from jax._src import xla_bridge
+# stand-in that sets XLA_FLAGS to a flag XLA does not know and asks for the
+# devices. XLA reads XLA_FLAGS when JAX starts its first backend, and aborts
+# on an unknown flag: if no backend had started yet, the run stops there.
+_UNKNOWN_FLAG = 'xla_flag_read_when_the_backend_starts'
+_ENTRY_POINT = f"""
+import os, runpy, sys
+import jax
 from pretrain_lm import xla_flags
 
 def applied(*args, **kwargs):
-  print('backend started:', xla_bridge.backends_are_initialized())
+  print('apply_gpu_defaults called', flush=True)
+  os.environ['XLA_FLAGS'] = '--{_UNKNOWN_FLAG}=1'
+  jax.devices()
+  print('a backend had started before it')
   raise SystemExit(0)
 
 xla_flags.apply_gpu_defaults = applied
@@ -110,8 +116,9 @@ def test_every_entry_point_applies_the_defaults_before_jax_starts(
     text=True,
   )
   said = out.stdout.strip().splitlines()
-  assert said and said[-1].startswith('backend started'), (
+  assert 'apply_gpu_defaults called' in said, (
     f'{module} did not call apply_gpu_defaults: {out.stderr[-2000:]}'
   )
-  assert said[-1] == 'backend started: False'
-  assert out.returncode == 0, out.stderr[-2000:]
+  assert said[-1] == 'apply_gpu_defaults called', said
+  assert out.returncode != 0
+  assert _UNKNOWN_FLAG in out.stderr, out.stderr[-2000:]
