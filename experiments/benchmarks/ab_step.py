@@ -61,6 +61,11 @@ Variants of the dense projections (every family):
 - `project`: the default, each projection one 2-D matrix product over
   flat views of x and W (layers.project);
 - `project_einsum`: jnp.einsum over x's and W's own dims, as before.
+- `project_nn`: the default, except that a W stored [in, out] gets a
+  custom gradient: x's gradient multiplies dy by a materialised copy of
+  W^T ([out, in], behind an optimization barrier so XLA cannot fold the
+  transpose back), a plain [rows, out] x [out, in] product, instead of
+  contracting dy and W over their last dims.
 
 Variants of the step's batch split (train.grad_accum_steps):
 - `accum:N`: the same batch as N microbatches in a scan, their gradients
@@ -88,6 +93,7 @@ the presets use).
 """
 
 import argparse
+import math
 import os
 import statistics
 import sys
@@ -139,6 +145,46 @@ def gumbel_sample(rng, logits):
   return best * 128 + jnp.argmax(inside[..., 0, :], axis=-1)
 
 
+@jax.custom_vjp
+def matmul_nn(x2, w2):
+  """x2 @ w2 whose gradient for x2 multiplies by a stored copy of w2^T."""
+  return jax.lax.dot_general(x2, w2, (((1,), (0,)), ((), ())))
+
+
+def _matmul_nn_fwd(x2, w2):
+  return matmul_nn(x2, w2), (x2, w2)
+
+
+def _matmul_nn_bwd(res, dy):
+  x2, w2 = res
+  w2_t = jax.lax.optimization_barrier(w2.T)
+  dx = jax.lax.dot_general(dy, w2_t, (((1,), (0,)), ((), ())))
+  dw = jax.lax.dot_general(x2, dy, (((0,), (0,)), ((), ())))
+  return dx, dw
+
+
+matmul_nn.defvjp(_matmul_nn_fwd, _matmul_nn_bwd)
+
+
+def project_nn(equation, x, w):
+  """layers.project with matmul_nn for the 'lead+in, in+out' equations."""
+  operands, out = equation.split('->')
+  x_spec, w_spec = operands.split(',')
+  lead = ''.join(c for c in x_spec if c in out)
+  contracted = x_spec[len(lead) :]
+  w_out = ''.join(c for c in w_spec if c not in contracted)
+  if not (
+    contracted
+    and x_spec == lead + contracted
+    and w_spec == contracted + w_out
+    and out == lead + w_out
+  ):
+    return PROJECT(equation, x, w)
+  k = math.prod(x.shape[len(lead) :])
+  y2 = matmul_nn(x.reshape(-1, k), w.reshape(k, -1))
+  return y2.reshape(*x.shape[: len(lead)], *w.shape[len(contracted) :])
+
+
 def full_last_layer(stack, x_BLD, ctx, deterministic, out_BP=None):
   """Stack._layers with every layer at every position, gathered after."""
   x_BLD, states = STACK_LAYERS(stack, x_BLD, ctx, deterministic)
@@ -150,6 +196,7 @@ def full_last_layer(stack, x_BLD, ctx, deterministic, out_BP=None):
 STACK_LAYERS = transformer.Stack._layers
 HEADS = heads.is_argmax, heads.sample_categorical, heads.add_vocab_bias
 GELU = layers.ACTIVATIONS['gelu']
+PROJECT = layers.project
 
 
 def compile_variant(trainer, state, batch, variant: str):
@@ -189,6 +236,8 @@ def compile_variant(trainer, state, batch, variant: str):
     pass
   elif variant == 'project_einsum':
     layers.project = jnp.einsum
+  elif variant == 'project_nn':
+    layers.project = project_nn
   elif variant == 'gelu_erfc':
     layers.ACTIVATIONS['gelu'] = lambda x: jax.nn.gelu(x, approximate=False)
   elif variant == 'bias_sum':
