@@ -93,8 +93,10 @@ the presets use).
 """
 
 import argparse
+import atexit
 import math
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -297,6 +299,7 @@ def main():
     config.train.compiler_options.cpu = args.cpu_compiler_options
   variants = args.variants.split(',')
   workdir = tempfile.mkdtemp(prefix='ab_step_')
+  atexit.register(shutil.rmtree, workdir, ignore_errors=True)
   if args.init:  # fine-tuning: its first batch of the task's rows
     config.init.workdir = args.init
     config.train.batch_size = args.batch_size

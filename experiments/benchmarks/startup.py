@@ -18,7 +18,9 @@ Prints a markdown table row per figure.
 """
 
 import argparse
+import atexit
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -56,6 +58,7 @@ def main(argv=None):
   c.data.batch_size = 16
   c.mesh.data, c.mesh.fsdp, c.mesh.tensor = 2, 2, 2
   workdir = tempfile.mkdtemp(prefix='startup_')
+  atexit.register(shutil.rmtree, workdir, ignore_errors=True)
   trainer = train.Trainer(c, workdir)  # builds the pipeline once
   state = trainer.initial_state()
 
