@@ -67,6 +67,12 @@ Variants of the dense projections (every family):
   transpose back), a plain [rows, out] x [out, in] product, instead of
   contracting dy and W over their last dims.
 
+Variants of the non-finite step check (train.step_is_finite):
+- `finite`: the default, the loss, the gradients' norm and the update's
+  norm (a reduction over every parameter before the select);
+- `finite_grads`: the loss and the gradients' norm only (a step then
+  takes any finite update, however large).
+
 Variants of the step's batch split (train.grad_accum_steps):
 - `accum:N`: the same batch as N microbatches in a scan, their gradients
   summed (train.accumulate_gradients), one update; `accum:1` is the
@@ -195,6 +201,9 @@ def full_last_layer(stack, x_BLD, ctx, deterministic, out_BP=None):
   return x_BLD, states
 
 
+STEP_IS_FINITE = train.step_is_finite
+
+
 STACK_LAYERS = transformer.Stack._layers
 HEADS = heads.is_argmax, heads.sample_categorical, heads.add_vocab_bias
 GELU = layers.ACTIVATIONS['gelu']
@@ -234,8 +243,13 @@ def compile_variant(trainer, state, batch, variant: str):
     'bias',
     'gelu',
     'project',
+    'finite',
   ):
     pass
+  elif variant == 'finite_grads':
+    train.step_is_finite = lambda loss, grad_norm, updates: (
+      jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+    )
   elif variant == 'project_einsum':
     layers.project = jnp.einsum
   elif variant == 'project_nn':
@@ -269,6 +283,7 @@ def compile_variant(trainer, state, batch, variant: str):
   finally:
     heads.is_argmax, heads.sample_categorical, heads.add_vocab_bias = HEADS
     transformer.Stack._layers = STACK_LAYERS
+    train.step_is_finite = STEP_IS_FINITE
     layers.ACTIVATIONS['gelu'] = GELU
     for name, value in saved.items():
       setattr(layers, name, value)
