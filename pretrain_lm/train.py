@@ -205,21 +205,39 @@ def _fit_boxes(opt_state):
   )
 
 
-def state_shardings(model, tx, batch, mesh):
-  """The NamedSharding of every state leaf, derived from the rule table."""
-  abstract = jax.eval_shape(
+def abstract_train_state(model, tx, batch, mesh) -> TrainState:
+  """The state's shapes, dtypes and NamedShardings (from the rule table)
+  as jax.ShapeDtypeStructs, from one trace of init_fn: nothing is
+  allocated or compiled. create_train_state's output has these."""
+  boxed = jax.eval_shape(
     functools.partial(init_fn, model=model, tx=tx), jax.random.key(0), batch
   )
-  logical_specs = nn.get_partition_spec(abstract)
+  logical_specs = nn.get_partition_spec(boxed)
   shardings = sharding.logical_to_sharding(logical_specs, mesh)
   shapes = jax.tree.map(
     lambda x: (
       x.unbox(apply_constraint=False) if isinstance(x, nn.Partitioned) else x
     ),
-    abstract,
+    boxed,
     is_leaf=lambda x: isinstance(x, nn.Partitioned),
   )
-  return jax.tree.map(lambda s, x: _fit_to_shape(s, x.shape), shardings, shapes)
+  return jax.tree.map(
+    lambda s, x: jax.ShapeDtypeStruct(
+      x.shape, x.dtype, sharding=_fit_to_shape(s, x.shape)
+    ),
+    shardings,
+    shapes,
+  )
+
+
+def shardings_of(abstract):
+  """The sharding of every leaf of an abstract state."""
+  return jax.tree.map(lambda x: x.sharding, abstract)
+
+
+def state_shardings(model, tx, batch, mesh):
+  """The NamedSharding of every state leaf, derived from the rule table."""
+  return shardings_of(abstract_train_state(model, tx, batch, mesh))
 
 
 def _fit_to_shape(named: jax.sharding.NamedSharding, shape) -> Any:
@@ -553,19 +571,8 @@ def lower_train_step(
     jax.set_mesh(mesh),
     nn.logical_axis_rules(sharding.LOGICAL_AXIS_RULES),
   ):
-    shardings = state_shardings(model, tx, batch_shapes, mesh)
-    state = jax.eval_shape(
-      functools.partial(
-        create_train_state, model=model, tx=tx, shardings=shardings
-      ),
-      jax.random.key(0),
-      batch_shapes,
-    )
-    state = jax.tree.map(
-      lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-      state,
-      shardings,
-    )
+    state = abstract_train_state(model, tx, batch_shapes, mesh)
+    shardings = shardings_of(state)
     batch = {
       k: jax.ShapeDtypeStruct(
         v.shape, v.dtype, sharding=sharding.batch_sharding(mesh)
@@ -654,9 +661,10 @@ class Trainer:
         },
       )
     with self.context():
-      self.shardings = state_shardings(
+      self._abstract = abstract_train_state(
         self.model, self.tx, self.batch_shapes, self.mesh
       )
+    self.shardings = shardings_of(self._abstract)
     self.batch_sharding = sharding.batch_sharding(self.mesh)
     ckpt = config.checkpoint
     self.checkpointer = checkpoint_lib.Checkpointer(
@@ -792,22 +800,7 @@ class Trainer:
 
   def abstract_state(self) -> TrainState:
     """The state's shapes, dtypes and shardings, without allocating it."""
-    with self.context():
-      abstract = jax.eval_shape(
-        functools.partial(
-          create_train_state,
-          model=self.model,
-          tx=self.tx,
-          shardings=self.shardings,
-        ),
-        jax.random.key(0),
-        self.batch_shapes,
-      )
-    return jax.tree.map(
-      lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-      abstract,
-      self.shardings,
-    )
+    return self._abstract
 
   def initial_state(self) -> TrainState:
     """Resume order: (1) the latest checkpoint in the workdir, (2) params

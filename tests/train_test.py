@@ -214,6 +214,15 @@ def test_param_shardings_follow_rule_table(tmp_path, tokenizer_path):
   # A real shard: each device holds 1/4 of the (vocab, embed) table.
   table = params['token_embed']['embedding']
   assert table.addressable_shards[0].data.shape == (VOCAB // 2, 128 // 2)
+  # The abstract state (what restores read into; traced, not compiled) is
+  # the initialised one's every leaf: shape, dtype and sharding.
+  described = lambda tree: [
+    (x.shape, x.dtype, x.sharding) for x in jax.tree.leaves(tree)
+  ]
+  assert jax.tree.structure(trainer.abstract_state()) == (
+    jax.tree.structure(state)
+  )
+  assert described(trainer.abstract_state()) == described(state)
 
 
 def run_main(workdir, overrides, check=True, env=None, **popen_kwargs):

@@ -340,9 +340,10 @@ class Trainer:
       features, self.train_keys, self.batch_size
     )
     with self.context():
-      self.shardings = train.state_shardings(
+      self._abstract = train.abstract_train_state(
         self.model, self.tx, self.batch_shapes, self.mesh
       )
+    self.shardings = train.shardings_of(self._abstract)
     batch_sharding = sharding.batch_sharding(self.mesh)
     self.checkpointer = checkpoint_lib.Checkpointer(
       os.path.join(workdir, checkpoint_lib.CHECKPOINT_DIR),
@@ -464,15 +465,9 @@ class Trainer:
         tx=self.tx,
         shardings=self.shardings,
       )
-      abstract = jax.eval_shape(create, rng, self.batch_shapes)
-      abstract = jax.tree.map(
-        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-        abstract,
-        self.shardings,
-      )
       latest = self.checkpointer.latest_step()
       if latest is not None:  # (1)
-        state, meta = self.checkpointer.restore(latest, abstract)
+        state, meta = self.checkpointer.restore(latest, self._abstract)
         train.check_tokenizer_matches(meta, self.tokenizer, self.checkpointer)
         return state
       state = create(rng, self.batch_shapes)
@@ -480,7 +475,7 @@ class Trainer:
         body = restore_backbone(
           c.init.workdir,
           c.init.step or None,
-          abstract.params['backbone'],
+          self._abstract.params['backbone'],
           self.model_config.family,
           tokenizer=self.tokenizer,
         )
