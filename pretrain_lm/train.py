@@ -235,11 +235,6 @@ def shardings_of(abstract):
   return jax.tree.map(lambda x: x.sharding, abstract)
 
 
-def state_shardings(model, tx, batch, mesh):
-  """The NamedSharding of every state leaf, derived from the rule table."""
-  return shardings_of(abstract_train_state(model, tx, batch, mesh))
-
-
 def _fit_to_shape(named: jax.sharding.NamedSharding, shape) -> Any:
   """Replicates the dims a rule's mesh axes do not divide.
 

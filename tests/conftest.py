@@ -142,8 +142,10 @@ def sgd_steps(trainer):
 
   tx = optax.sgd(1.0)  # params after = params before - gradient
   with trainer.context():
-    shardings = train.state_shardings(
-      trainer.model, tx, trainer.batch_shapes, trainer.mesh
+    shardings = train.shardings_of(
+      train.abstract_train_state(
+        trainer.model, tx, trainer.batch_shapes, trainer.mesh
+      )
     )
   steps = {
     accum: train.jit_train_step(
