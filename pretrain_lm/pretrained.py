@@ -820,19 +820,7 @@ def load(
   )
 
   example = example_batch(workdir, config)
-  boxed = jax.eval_shape(
-    lambda: model.init(jax.random.key(0), example, deterministic=True)
-  )['params']
-  if mesh is None:
-    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-    shardings = jax.tree.map(lambda _: device, nn.meta.unbox(boxed))
-  else:
-    shardings = sharding.logical_to_sharding(nn.get_partition_spec(boxed), mesh)
-  abstract = jax.tree.map(
-    lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-    nn.meta.unbox(boxed),
-    shardings,
-  )
+  abstract = sharding.abstract_params(model, example, mesh)
   params = checkpointer.restore_params(step, abstract)
   checkpointer.close()
   return Pretrained(

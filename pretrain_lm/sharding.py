@@ -78,6 +78,39 @@ def logical_to_sharding(logical_specs, mesh: Mesh):
   return nn.logical_to_mesh_sharding(logical_specs, mesh, LOGICAL_AXIS_RULES)
 
 
+def unbox_abstract(boxed):
+  """nn.meta.unbox for an eval_shape'd tree: the values, without the
+  sharding constraint unbox would apply under a mesh context."""
+  return jax.tree.map(
+    lambda x: (
+      x.unbox(apply_constraint=False) if isinstance(x, nn.Partitioned) else x
+    ),
+    boxed,
+    is_leaf=lambda x: isinstance(x, nn.Partitioned),
+  )
+
+
+def abstract_params(model: nn.Module, example, mesh: Mesh | None = None):
+  """The model's parameters as jax.ShapeDtypeStructs, from one trace of
+  model.init on `example` (arrays or ShapeDtypeStructs): a checkpoint's
+  restore target. Sharded over `mesh` by the rule table, or without a mesh
+  on the first local device."""
+  boxed = jax.eval_shape(
+    lambda b: model.init(jax.random.key(0), b, deterministic=True), example
+  )['params']
+  shapes = unbox_abstract(boxed)
+  if mesh is None:
+    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    shardings = jax.tree.map(lambda _: device, shapes)
+  else:
+    shardings = logical_to_sharding(nn.get_partition_spec(boxed), mesh)
+  return jax.tree.map(
+    lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+    shapes,
+    shardings,
+  )
+
+
 def batch_sharding(mesh: Mesh) -> NamedSharding:
   """Batch dim split over ('data', 'fsdp'), the rest replicated."""
   spec = nn.logical_to_mesh_axes(('batch',), LOGICAL_AXIS_RULES)

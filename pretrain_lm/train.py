@@ -214,13 +214,7 @@ def abstract_train_state(model, tx, batch, mesh) -> TrainState:
   )
   logical_specs = nn.get_partition_spec(boxed)
   shardings = sharding.logical_to_sharding(logical_specs, mesh)
-  shapes = jax.tree.map(
-    lambda x: (
-      x.unbox(apply_constraint=False) if isinstance(x, nn.Partitioned) else x
-    ),
-    boxed,
-    is_leaf=lambda x: isinstance(x, nn.Partitioned),
-  )
+  shapes = sharding.unbox_abstract(boxed)
   return jax.tree.map(
     lambda s, x: jax.ShapeDtypeStruct(
       x.shape, x.dtype, sharding=_fit_to_shape(s, x.shape)

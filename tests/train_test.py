@@ -223,6 +223,12 @@ def test_param_shardings_follow_rule_table(tmp_path, tokenizer_path):
     jax.tree.structure(state)
   )
   assert described(trainer.abstract_state()) == described(state)
+  # So is the parameters-only target pretrain_lm.load restores into.
+  with trainer.context():
+    params_only = sharding.abstract_params(
+      trainer.model, trainer.batch_shapes, trainer.mesh
+    )
+  assert described(params_only) == described(state.params)
 
 
 def run_main(workdir, overrides, check=True, env=None, **popen_kwargs):

@@ -202,15 +202,7 @@ def load(
     k: jax.ShapeDtypeStruct((1, L), jnp.int32) for k in rows_lib.INPUT_KEYS
   }
   with _context(mesh):
-    boxed = jax.eval_shape(
-      lambda b: model.init(jax.random.key(0), b, deterministic=True), example
-    )['params']
-    shardings = sharding.logical_to_sharding(nn.get_partition_spec(boxed), mesh)
-  abstract = jax.tree.map(
-    lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-    nn.meta.unbox(boxed),
-    shardings,
-  )
+    abstract = sharding.abstract_params(model, example, mesh)
   params = checkpointer.restore_params(step, abstract)
   checkpointer.close()
   return Finetuned(config, model_config, model, params, tokenizer, step, mesh)
