@@ -19,7 +19,7 @@ from flax import linen as nn
 from jax.experimental import multihost_utils
 
 from pretrain_lm import checkpoint as checkpoint_lib
-from pretrain_lm import configlib, distributed, objectives, sharding
+from pretrain_lm import configlib, distributed, objectives, sharding, validate
 from pretrain_lm import metrics as metrics_lib
 from pretrain_lm.data import fingerprint, pipeline
 from pretrain_lm.data import tokenizer as tokenizer_lib
@@ -464,20 +464,14 @@ def check_grad_accum(
   train.batch_size).
   """
   accum = config.train.grad_accum_steps
-  batch = _field(config, batch_field)
-  if accum < 1 or batch % accum:
-    raise ValueError(
-      f'train.grad_accum_steps={accum} must be >= 1 and divide '
-      f'{batch_field}={batch}.'
-    )
   # Each microbatch is split over the batch-parallel devices like a batch.
-  shards = mesh.shape['data'] * mesh.shape['fsdp']
-  if (batch // accum) % shards:
-    raise ValueError(
-      f'{batch_field}={batch} / train.grad_accum_steps={accum} = '
-      f'{batch // accum} rows per microbatch, not divisible by the '
-      f'{shards} batch shards of the mesh (mesh.data x mesh.fsdp).'
-    )
+  validate.check_grad_accum(
+    accum,
+    _field(config, batch_field),
+    batch_field,
+    data=mesh.shape['data'],
+    fsdp=mesh.shape['fsdp'],
+  )
   return accum
 
 

@@ -190,19 +190,36 @@ def _check_mesh(
   data, fsdp, _ = _mesh_sizes(config, num_devices)
   if data == -1 or fsdp == -1:
     return  # the data-parallel size is known once the devices are
-  batch, accum = config.data.batch_size, config.train.grad_accum_steps
-  shards = data * fsdp
+  batch, shards = config.data.batch_size, data * fsdp
   _require(
     batch % shards == 0,
     f'data.batch_size={batch} is not divisible by the data-parallel size '
     f'mesh.data x mesh.fsdp = {data} x {fsdp} = {shards}.',
   )
+  check_grad_accum(config.train.grad_accum_steps, batch, data=data, fsdp=fsdp)
+
+
+def check_grad_accum(
+  accum: int,
+  batch: int,
+  batch_field: str = 'data.batch_size',
+  data: int = 1,
+  fsdp: int = 1,
+) -> None:
+  """train.grad_accum_steps divides the global batch (`batch_field`; fine-
+  tuning's is train.batch_size) into microbatches that split evenly over
+  the mesh's batch-parallel axes, sized `data` x `fsdp`."""
   _require(
-    # A bad accum itself is named by check_config's own check.
-    accum < 1 or batch % accum or (batch // accum) % shards == 0,
-    f'data.batch_size={batch} / train.grad_accum_steps={accum} = '
-    f'{batch // max(accum, 1)} rows per microbatch, not divisible by the '
-    f'data-parallel size mesh.data x mesh.fsdp = {shards}.',
+    accum >= 1 and batch % accum == 0,
+    f'train.grad_accum_steps={accum} must be >= 1 and divide '
+    f'{batch_field}={batch}.',
+  )
+  shards = data * fsdp
+  _require(
+    (batch // accum) % shards == 0,
+    f'{batch_field}={batch} / train.grad_accum_steps={accum} = '
+    f'{batch // accum} rows per microbatch, not divisible by the '
+    f'data-parallel size mesh.data x mesh.fsdp = {data} x {fsdp} = {shards}.',
   )
 
 
@@ -265,11 +282,7 @@ def check_config(config: ml_collections.ConfigDict) -> None:
   _require(d.seq_len > 0, f'data.seq_len={d.seq_len} must be > 0.')
   _require(d.batch_size > 0, f'data.batch_size={d.batch_size} must be > 0.')
   _require(t.num_steps > 0, f'train.num_steps={t.num_steps} must be > 0.')
-  _require(
-    t.grad_accum_steps >= 1 and d.batch_size % t.grad_accum_steps == 0,
-    f'train.grad_accum_steps={t.grad_accum_steps} must be >= 1 and divide '
-    f'data.batch_size={d.batch_size}.',
-  )
+  check_grad_accum(t.grad_accum_steps, d.batch_size)
   _require(
     t.cpu_microbatch_tokens >= 0,
     f'train.cpu_microbatch_tokens={t.cpu_microbatch_tokens} must be >= 0 '

@@ -227,11 +227,8 @@ def check_config(config: ml_collections.ConfigDict, workdir: str = '') -> None:
       'init_config.json in it).'
     )
   _require(train.batch_size > 0, 'train.batch_size must be > 0.')
-  _require(
-    train.grad_accum_steps >= 1
-    and train.batch_size % train.grad_accum_steps == 0,
-    f'train.grad_accum_steps={train.grad_accum_steps} must be >= 1 and '
-    f'divide train.batch_size={train.batch_size}.',
+  validate.check_grad_accum(
+    train.grad_accum_steps, train.batch_size, 'train.batch_size'
   )
   _require(
     train.cpu_microbatch_tokens >= 0,
