@@ -450,7 +450,15 @@ def _write_shards_whole() -> None:
   handler = ocp.type_handlers.ArrayHandler(
     use_replica_parallel=False, array_metadata_store=store
   )
-  ocp.type_handlers.register_type_handler(jax.Array, handler, override=True)
+  # Orbax warns of every override (through absl); this one is deliberate.
+  notice = 'Type handler registry type'
+  quiet = lambda record: not record.getMessage().startswith(notice)
+  absl_logger = logging.get_absl_logger()
+  absl_logger.addFilter(quiet)
+  try:
+    ocp.type_handlers.register_type_handler(jax.Array, handler, override=True)
+  finally:
+    absl_logger.removeFilter(quiet)
 
 
 class Checkpointer:
