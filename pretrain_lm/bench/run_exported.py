@@ -92,13 +92,20 @@ def compile_only(directory: str) -> dict:
   )
   return {
     'what': 'compile',
+    **_setting(directory, manifest, options),
+    'init_compile_s': init_compile_s,
+    'compile_s': time.perf_counter() - start,
+    'memory_gib': timing.peak_memory_gib(compiled),
+  }
+
+
+def _setting(directory: str, manifest: dict, options: dict | None) -> dict:
+  """What both commands' results record about the step and the machine."""
+  return {
     'exported': directory,
     'backend': jax.default_backend(),
     'device_kind': jax.devices()[0].device_kind,
     'jax': jax.__version__,
-    'init_compile_s': init_compile_s,
-    'compile_s': time.perf_counter() - start,
-    'memory_gib': timing.peak_memory_gib(compiled),
     'xla_flags': os.environ.get('XLA_FLAGS', ''),
     'compiler_options': options or {},
     'batch_size': manifest['batch_size'],
@@ -131,20 +138,14 @@ def run(
   peak = metrics_lib.peak_flops_per_device()
   result = {
     'what': 'train',
-    'exported': directory,
+    **_setting(directory, manifest, options),
     'family': manifest['family'],
     'objective': manifest['objective'],
     'attention_impl': manifest['attention_impl'],
     'dtype': manifest['dtype'],
-    'backend': jax.default_backend(),
-    'device_kind': jax.devices()[0].device_kind,
-    'jax': jax.__version__,
     'jax_exported_with': manifest['jax_exported_with'],
     'prng_impl': manifest.get('prng_impl', 'not recorded'),
-    'xla_flags': os.environ.get('XLA_FLAGS', ''),
-    'compiler_options': options or {},
     'host': platform.node(),
-    'batch_size': manifest['batch_size'],
     'shapes': manifest['shapes'],
     'tokens_per_step': tokens,
     'init_compile_s': init_compile_s,
