@@ -166,6 +166,16 @@ def test_xla_takes_every_presets_cpu_compile_options(name):
     seen.add(size)
     train.compiler_options(c, mesh)  # raises on what XLA rejects
   assert {'tiny', 'large'} <= seen
+  # While the presets keep XLA's defaults (configlib says why) the loop
+  # above checks empty fields; the values presets have set before, one of
+  # them the docstring's example, must stay XLA's to take back.
+  for value in ('', 'LIBRARY_FUSION_TYPE_DOT'):
+    c.train.compiler_options.cpu = (
+      f'xla_cpu_experimental_ynn_fusion_type={value}'
+    )
+    assert train.compiler_options(c, mesh) == {
+      'xla_cpu_experimental_ynn_fusion_type': value
+    }
 
 
 def test_load_file_is_what_the_config_flag_loads():
