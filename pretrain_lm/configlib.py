@@ -332,6 +332,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.train.max_consecutive_skips = 10
   # Peak FLOP/s of one device for MFU; 0 looks the device kind up in a table.
   c.train.peak_flops_per_device = 0.0
+  # tqdm's bar, where stderr is a terminal (a batch job's log gets the
+  # step lines only).
   c.train.progress_bar = True
   # jax's persistent compilation cache: a directory (local or gs://) that
   # keeps compiled steps across processes, so a resumed or repeated run of

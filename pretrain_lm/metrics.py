@@ -6,6 +6,7 @@ Only process 0 writes; other processes get a writer that drops everything.
 import json
 import math
 import os
+import sys
 from typing import Any
 
 import jax
@@ -64,7 +65,9 @@ class MetricWriter:
     )
     # Append: a resumed run continues the same file.
     self._jsonl = tf.io.gfile.GFile(os.path.join(workdir, 'metrics.jsonl'), 'a')
-    if progress_bar:
+    # The bar only on a terminal: a batch job's log (Slurm, a TPU pod's
+    # nohup file) would get a redraw every 0.1 s; it keeps the step lines.
+    if progress_bar and sys.stderr.isatty():
       self._bar = tqdm.tqdm(
         total=total_steps,
         initial=initial_step,

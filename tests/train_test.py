@@ -1,5 +1,6 @@
 """End-to-end training: loss falls, sharding invariance, exact resume."""
 
+import io
 import json
 import math
 import os
@@ -17,7 +18,7 @@ from conftest import NO_YNNPACK, read_metrics, uses_ynnpack
 from jax.sharding import PartitionSpec as P
 
 import pretrain_lm
-from pretrain_lm import sharding, train
+from pretrain_lm import metrics, sharding, train
 from pretrain_lm.data import pipeline, sources
 from pretrain_lm.data import tokenizer as tokenizer_lib
 
@@ -229,6 +230,27 @@ def test_param_shardings_follow_rule_table(tmp_path, tokenizer_path):
       trainer.model, trainer.batch_shapes, trainer.mesh
     )
   assert described(params_only) == described(state.params)
+
+
+class _Terminal(io.StringIO):
+  def isatty(self):
+    return True
+
+
+@pytest.mark.parametrize('terminal', [False, True])
+def test_progress_bar_only_on_a_terminal(tmp_path, monkeypatch, terminal):
+  # A batch job's log would get tqdm's redraws; it gets the step lines.
+  err, out = (_Terminal() if terminal else io.StringIO()), io.StringIO()
+  monkeypatch.setattr(sys, 'stderr', err)
+  monkeypatch.setattr(sys, 'stdout', out)
+  writer = metrics.MetricWriter(
+    str(tmp_path), total_steps=4, initial_step=0, enabled=True
+  )
+  writer.advance(2)
+  writer.write(2, {'loss': 2.5})
+  writer.close()
+  assert 'step 2: loss=2.5' in out.getvalue()
+  assert ('2/4' in err.getvalue()) == terminal, err.getvalue()
 
 
 def run_main(workdir, overrides, check=True, env=None, **popen_kwargs):

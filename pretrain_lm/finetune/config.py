@@ -125,7 +125,7 @@ def base_config() -> ml_collections.ConfigDict:
   # Save and exit cleanly at every multiple of this step (0: never);
   # rerunning the same command continues the run.
   c.train.exit_interval = 0
-  c.train.progress_bar = True
+  c.train.progress_bar = True  # on a terminal only, as in pretraining
   # jax's persistent compilation cache, as in pretraining ('' : off).
   c.train.compilation_cache_dir = ''
   # XLA options for the train and predict steps, per platform, as in
