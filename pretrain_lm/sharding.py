@@ -78,6 +78,22 @@ def logical_to_sharding(logical_specs, mesh: Mesh):
   return nn.logical_to_mesh_sharding(logical_specs, mesh, LOGICAL_AXIS_RULES)
 
 
+def fit_to_shape(named: NamedSharding, shape) -> NamedSharding:
+  """Replicates the dims a rule's mesh axes do not divide.
+
+  E.g. RoBERTa's and GPT-2's odd vocabularies (50265, 50257 rows) over
+  tensor=2: jit cannot split them unevenly, so their token tables are
+  split over fsdp only (pad model.vocab_size to a multiple of 128 to
+  split them over tensor too).
+  """
+  spec = list(named.spec) + [None] * (len(shape) - len(named.spec))
+  for dim, axes in enumerate(spec):
+    names = (axes,) if isinstance(axes, str) else axes or ()
+    if shape[dim] % int(np.prod([named.mesh.shape[a] for a in names])):
+      spec[dim] = None
+  return NamedSharding(named.mesh, PartitionSpec(*spec))
+
+
 def unbox_abstract(boxed):
   """nn.meta.unbox for an eval_shape'd tree: the values, without the
   sharding constraint unbox would apply under a mesh context."""
@@ -103,7 +119,11 @@ def abstract_params(model: nn.Module, example, mesh: Mesh | None = None):
     device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
     shardings = jax.tree.map(lambda _: device, shapes)
   else:
-    shardings = logical_to_sharding(nn.get_partition_spec(boxed), mesh)
+    shardings = jax.tree.map(
+      lambda s, a: fit_to_shape(s, a.shape),
+      logical_to_sharding(nn.get_partition_spec(boxed), mesh),
+      shapes,
+    )
   return jax.tree.map(
     lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
     shapes,

@@ -217,7 +217,7 @@ def abstract_train_state(model, tx, batch, mesh) -> TrainState:
   shapes = sharding.unbox_abstract(boxed)
   return jax.tree.map(
     lambda s, x: jax.ShapeDtypeStruct(
-      x.shape, x.dtype, sharding=_fit_to_shape(s, x.shape)
+      x.shape, x.dtype, sharding=sharding.fit_to_shape(s, x.shape)
     ),
     shardings,
     shapes,
@@ -227,24 +227,6 @@ def abstract_train_state(model, tx, batch, mesh) -> TrainState:
 def shardings_of(abstract):
   """The sharding of every leaf of an abstract state."""
   return jax.tree.map(lambda x: x.sharding, abstract)
-
-
-def _fit_to_shape(named: jax.sharding.NamedSharding, shape) -> Any:
-  """Replicates the dims a rule's mesh axes do not divide.
-
-  E.g. RoBERTa's and GPT-2's odd vocabularies (50265, 50257 rows) over
-  tensor=2: jit cannot split them unevenly, so their token tables are
-  split over fsdp only (pad model.vocab_size to a multiple of 128 to
-  split them over tensor too).
-  """
-  spec = list(named.spec) + [None] * (len(shape) - len(named.spec))
-  for dim, axes in enumerate(spec):
-    names = (axes,) if isinstance(axes, str) else axes or ()
-    if shape[dim] % int(np.prod([named.mesh.shape[a] for a in names])):
-      spec[dim] = None
-  return jax.sharding.NamedSharding(
-    named.mesh, jax.sharding.PartitionSpec(*spec)
-  )
 
 
 def create_train_state(rng, batch, *, model, tx, shardings) -> TrainState:

@@ -13,14 +13,18 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from conftest import NO_YNNPACK, read_metrics, uses_ynnpack
+from flax import linen as nn
 from jax.sharding import PartitionSpec as P
 
 import pretrain_lm
 from pretrain_lm import metrics, sharding, train
 from pretrain_lm.data import pipeline, sources
 from pretrain_lm.data import tokenizer as tokenizer_lib
+from pretrain_lm.models import MODELS, ModelConfig
+from pretrain_lm.models.config import size_preset
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BERT = os.path.join(REPO, 'configs', 'bert.py')
@@ -230,6 +234,27 @@ def test_param_shardings_follow_rule_table(tmp_path, tokenizer_path):
       trainer.model, trainer.batch_shapes, trainer.mesh
     )
   assert described(params_only) == described(state.params)
+
+
+def test_restore_targets_replicate_what_the_mesh_cannot_split():
+  # An odd vocabulary (as GPT-2's 50257) over tensor=2: the token table
+  # is split over fsdp only, in training's state and in pretrain_lm.load's
+  # params-only target alike.
+  model = MODELS['encoder'](ModelConfig(vocab_size=97, **size_preset('tiny')))
+  batch = {
+    'input_ids': jax.ShapeDtypeStruct((8, 16), jnp.int32),
+    'masked_positions': jax.ShapeDtypeStruct((8, 4), jnp.int32),
+  }
+  mesh = sharding.make_mesh({'data': 2, 'fsdp': 2, 'tensor': 2})
+  with jax.set_mesh(mesh), nn.logical_axis_rules(sharding.LOGICAL_AXIS_RULES):
+    state = train.abstract_train_state(model, optax.adamw(1e-3), batch, mesh)
+    params = sharding.abstract_params(model, batch, mesh)
+  assert params == state.params
+  table = params['token_embed']['embedding']
+  assert table.shape == (97, 128) and table.sharding.spec == P(None, 'fsdp')
+  # What divides stays split.
+  wi = params['encoder']['layer_0']['mlp']['wi_kernel']
+  assert wi.sharding.spec == P('fsdp', 'tensor')
 
 
 class _Terminal(io.StringIO):
