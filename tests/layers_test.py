@@ -308,6 +308,65 @@ def test_project_is_the_einsum_and_takes_2d_products_on_the_cpu(
   assert len(ranks('cuda')) == 3 and set(ranks('cuda')) >= einsum_ranks
 
 
+def dot_signatures(text: str) -> list[tuple[str, str, str, str]]:
+  """(lhs contracting dims, lhs type, rhs type, result type) of each
+  dot_general in StableHLO text."""
+  found = []
+  for line in text.splitlines():
+    if 'stablehlo.dot_general' in line:
+      lhs_dims = line.split('contracting_dims = ')[1].split(' x ')[0]
+      types = line.rsplit(' : (', 1)[1]
+      operands, result = types.split(') -> ')
+      lhs, rhs = operands.split(', ')
+      found.append((lhs_dims, lhs, rhs, result.strip()))
+  return found
+
+
+@pytest.mark.parametrize('equation,x_shape,w_shape', PROJECTIONS)
+def test_bfloat16_projections_accumulate_in_float32_on_the_cpu(
+  equation, x_shape, w_shape
+):
+  bf16, f32 = jnp.bfloat16, jnp.float32
+  x = jax.random.normal(jax.random.key(0), x_shape, bf16)
+  w = jax.random.normal(jax.random.key(1), w_shape, bf16)
+  out = jnp.einsum(equation, x.astype(f32), w.astype(f32))
+  cotangent = jax.random.normal(jax.random.key(2), out.shape)
+
+  def loss(product, dtype):
+    def f(x, w):
+      y = product(equation, x.astype(dtype), w.astype(dtype))
+      return jnp.sum(jnp.sin(y.astype(f32)) * cotangent)
+
+    return f
+
+  # The reference: float32 products of the same bfloat16 values, each
+  # result rounded to bfloat16 once, as the products here round theirs.
+  y = layers.project(equation, x, w)
+  assert y.dtype == bf16
+  np.testing.assert_array_equal(y, out.astype(bf16))
+  grads = jax.grad(loss(layers.project, bf16), (0, 1))(x, w)
+  expected = jax.grad(loss(jnp.einsum, f32), (0, 1))(x, w)
+  for got, want in zip(grads, expected, strict=True):
+    assert got.dtype == bf16
+    scale = np.max(np.abs(np.asarray(want, np.float32)))
+    np.testing.assert_allclose(
+      np.asarray(got, np.float32), want, rtol=2**-7, atol=2**-7 * scale
+    )
+
+  # All three products take bfloat16 operands, the first [rows,
+  # contracted] (dim 1 contracted), and return float32: the form XLA:CPU
+  # runs in bfloat16 rather than upcasting both operands.
+  traced = jax.jit(jax.grad(loss(layers.project, bf16), (0, 1))).trace(x, w)
+  signatures = dot_signatures(
+    traced.lower(lowering_platforms=('cpu',)).as_text()
+  )
+  assert len(signatures) == 3
+  for lhs_dims, lhs, rhs, result in signatures:
+    assert lhs_dims == '[1]'
+    assert lhs.endswith('xbf16>') and rhs.endswith('xbf16>')
+    assert result.endswith('xf32>')
+
+
 @pytest.mark.parametrize(
   'equation,x_shape,w_shape',
   [

@@ -9,7 +9,8 @@ variant, then times the variants in alternating order on the same batch,
 round after round. On a shared VM the speed drifts by more than a lever is
 worth between two separate `pretrain_lm.bench` runs; alternating within
 one process lets the drift hit every variant alike. Prints each variant's
-median step and, per round, its ratio to the first.
+median step and, per round, its ratio to the first. `--dtype=bfloat16`
+sets the config's model.dtype.
 
 Variants of dropout's mask draws (`layers.keep_mask`):
 - `flax`: jax.random.bernoulli, one threefry hash per element, as flax's
@@ -61,6 +62,9 @@ Variants of the dense projections (every family):
 - `project`: the default, each projection one 2-D matrix product over
   flat views of x and W (layers.project);
 - `project_einsum`: jnp.einsum over x's and W's own dims, as before.
+- `project_plain`: the default, except that low-precision operands
+  (`--dtype=bfloat16`) take XLA's product in their own dtype and jax's
+  gradients, as before `layers.matmul_f32_acc`;
 - `project_nn`: the default, except that a W stored [in, out] gets a
   custom gradient: x's gradient multiplies dy by a materialised copy of
   W^T ([out, in], behind an optimization barrier so XLA cannot fold the
@@ -193,6 +197,11 @@ def project_nn(equation, x, w):
   return y2.reshape(*x.shape[: len(lead)], *w.shape[len(contracted) :])
 
 
+def plain_matmul(x2, w2, w_in):
+  """x2 @ w2 with a result in the operands' dtype, jax's own gradients."""
+  return jax.lax.dot_general(x2, w2, (((1,), (w_in,)), ((), ())))
+
+
 def full_last_layer(stack, x_BLD, ctx, deterministic, out_BP=None):
   """Stack._layers with every layer at every position, gathered after."""
   x_BLD, states = STACK_LAYERS(stack, x_BLD, ctx, deterministic)
@@ -220,6 +229,7 @@ def compile_variant(trainer, state, batch, variant: str):
     'causal_blocks',
     'relative_bias_by_index',
     'project',
+    'matmul_f32_acc',
   )
   if variant.startswith('accum:'):
     jax.clear_caches()
@@ -254,6 +264,8 @@ def compile_variant(trainer, state, batch, variant: str):
     layers.project = jnp.einsum
   elif variant == 'project_nn':
     layers.project = project_nn
+  elif variant == 'project_plain':
+    layers.matmul_f32_acc = plain_matmul
   elif variant == 'gelu_erfc':
     layers.ACTIVATIONS['gelu'] = lambda x: jax.nn.gelu(x, approximate=False)
   elif variant == 'bias_sum':
@@ -308,8 +320,13 @@ def main():
   p.add_argument(
     '--seq_len', type=int, default=0, help="fine-tuning's task.seq_len"
   )
+  p.add_argument(
+    '--dtype', default='', help="the config's model.dtype (e.g. bfloat16)"
+  )
   args = p.parse_args()
   config = configlib.load_file(args.config)
+  if args.dtype:
+    config.model.dtype = args.dtype
   if args.cpu_compiler_options is not None:
     config.train.compiler_options.cpu = args.cpu_compiler_options
   variants = args.variants.split(',')

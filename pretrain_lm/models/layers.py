@@ -105,6 +105,61 @@ def norm(cfg: ModelConfig, name: str) -> nn.Module:
   )
 
 
+def _rows_first(a: Array) -> Array:
+  """a^T written out row-major, for a product that takes it as [in, out].
+
+  The transpose sits behind an optimization barrier and a blocked reshape,
+  so XLA neither folds it back into the product's dimension numbers nor
+  leaves it as a layout change.
+  """
+  rows, cols = a.shape
+  block = 8 if rows % 8 == 0 else 1
+  blocked = jax.lax.optimization_barrier(
+    a.T.reshape(cols, rows // block, block)
+  )
+  return blocked.reshape(cols, rows)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def matmul_f32_acc(x2: Array, w2: Array, w_in: int) -> Array:
+  """x2 @ w2 (W contracted over its dim `w_in`) for low-precision operands:
+  each of the three products takes them as they are, accumulates in
+  float32 and rounds its result to their dtype.
+
+  XLA:CPU runs a bfloat16 product as bfloat16 (YNNPACK's kernels) only
+  when its result is float32 and its first operand is [rows, contracted].
+  A bfloat16 result, or the weight gradient's x2^T dy contracted over the
+  rows, it computes as a float32 product of upcast copies, 2-5x slower on
+  a CPU with bfloat16 matrix instructions. So the weight gradient
+  multiplies a transposed copy (_rows_first). BERT-base's bfloat16 train
+  step takes 0.55x as long (experiments/benchmarks/README.md, "bfloat16
+  products on the CPU").
+  """
+  dims = (((1,), (w_in,)), ((), ()))
+  y2 = jax.lax.dot_general(x2, w2, dims, preferred_element_type=jnp.float32)
+  return y2.astype(x2.dtype)
+
+
+def _matmul_f32_acc_fwd(x2, w2, w_in):
+  return matmul_f32_acc(x2, w2, w_in), (x2, w2)
+
+
+def _matmul_f32_acc_bwd(w_in, residuals, dy2):
+  x2, w2 = residuals
+  f32 = jnp.float32
+  if w_in == 0:  # y = x W: dx = dy W^T, dW = x^T dy
+    dims = (((1,), (1,)), ((), ()))
+    dx2 = jax.lax.dot_general(dy2, w2, dims, preferred_element_type=f32)
+    dw2 = jnp.dot(_rows_first(x2), dy2, preferred_element_type=f32)
+  else:  # W as [out, in], y = x W^T: dx = dy W, dW = dy^T x
+    dx2 = jnp.dot(dy2, w2, preferred_element_type=f32)
+    dw2 = jnp.dot(_rows_first(dy2), x2, preferred_element_type=f32)
+  return dx2.astype(x2.dtype), dw2.astype(w2.dtype)
+
+
+matmul_f32_acc.defvjp(_matmul_f32_acc_fwd, _matmul_f32_acc_bwd)
+
+
 def project(equation: str, x: Array, w: Array) -> Array:
   """einsum(equation, x, w) for a projection; on the CPU one 2-D product.
 
@@ -117,7 +172,8 @@ def project(equation: str, x: Array, w: Array) -> Array:
   [tokens, F] copy per MLP, attention projection and vocabulary head); the
   flat views' gradient reads it as it is. That made the base-size train
   steps 6-13% faster (experiments/benchmarks/README.md, "Projections as
-  2-D products"). Other backends keep the einsum: a TPU tiles an array's
+  2-D products"). bfloat16 and float16 operands go through
+  matmul_f32_acc. Other backends keep the einsum: a TPU tiles an array's
   last two dims, so merging H and K there is a copy of its own. Any other
   equation is an einsum.
   """
@@ -145,7 +201,10 @@ def project(equation: str, x: Array, w: Array) -> Array:
     else:
       out_shape, w2, w_in = w.shape[len(contracted) :], w.reshape(k, -1), 0
     x2 = x.reshape(math.prod(lead_shape), k)
-    y2 = jax.lax.dot_general(x2, w2, (((1,), (w_in,)), ((), ())))
+    if x2.dtype == w2.dtype and x2.dtype in (jnp.bfloat16, jnp.float16):
+      y2 = matmul_f32_acc(x2, w2, w_in)
+    else:
+      y2 = jax.lax.dot_general(x2, w2, (((1,), (w_in,)), ((), ())))
     return y2.reshape(*lead_shape, *out_shape)
 
   return jax.lax.platform_dependent(
