@@ -531,6 +531,17 @@ def test_in_turn_matmul_times_xla_defaults_and_the_steps_options(
   assert peak.in_turn_size((256, 512)) == 512
 
 
+@pytest.mark.parametrize('dtype', ['float32', 'bfloat16'])
+def test_the_peak_matmul_accumulates_as_the_model_does(dtype):
+  # A bfloat16 model's products take bfloat16 operands and accumulate in
+  # float32 (layers.matmul_f32_acc); the peak's matmul must do the same.
+  a, b = peak.matmul_operands(dtype, 64)
+  out = peak.compiled_matmul(a, b)(a, b)
+  assert out.dtype == np.float32
+  want = np.asarray(a, np.float32) @ np.asarray(b, np.float32)
+  np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-4)
+
+
 def test_xla_matmul_is_compiled_with_the_options_it_is_given(monkeypatch):
   compiled = ynnpack_per_compile(monkeypatch)
   options = configlib.parse_compiler_options(NO_YNNPACK, 'test')

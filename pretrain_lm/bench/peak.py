@@ -8,6 +8,7 @@ installed) are timed too, to show how far XLA's own matmul is from the
 best any library reaches on the machine.
 """
 
+import functools
 import statistics
 import time
 from collections.abc import Callable
@@ -61,8 +62,13 @@ def matmul_operands(dtype: str, n: int) -> tuple[jax.Array, jax.Array]:
 
 def compiled_matmul(a: jax.Array, b: jax.Array, compiler_options=None):
   """XLA's a @ b, compiled for these shapes with `compiler_options`
-  (XLA's defaults when None)."""
-  return jax.jit(jnp.matmul).lower(a, b).compile(compiler_options)
+  (XLA's defaults when None). bfloat16 operands accumulate in float32, as
+  a bfloat16 model's products do (layers.matmul_f32_acc): on the CPU XLA
+  runs that form in bfloat16 and a bfloat16 result upcast, 2-5x slower."""
+  matmul = jnp.matmul
+  if a.dtype != jnp.float32:
+    matmul = functools.partial(jnp.matmul, preferred_element_type=jnp.float32)
+  return jax.jit(matmul).lower(a, b).compile(compiler_options)
 
 
 def xla_matmul_flops(
