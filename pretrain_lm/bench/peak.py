@@ -64,7 +64,8 @@ def compiled_matmul(a: jax.Array, b: jax.Array, compiler_options=None):
   """XLA's a @ b, compiled for these shapes with `compiler_options`
   (XLA's defaults when None). bfloat16 operands accumulate in float32, as
   a bfloat16 model's products do (layers.matmul_f32_acc): on the CPU XLA
-  runs that form in bfloat16 and a bfloat16 result upcast, 2-5x slower."""
+  runs that form in bfloat16, and a bfloat16 result upcast, several times
+  slower."""
   matmul = jnp.matmul
   if a.dtype != jnp.float32:
     matmul = functools.partial(jnp.matmul, preferred_element_type=jnp.float32)

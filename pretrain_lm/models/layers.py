@@ -129,11 +129,11 @@ def matmul_f32_acc(x2: Array, w2: Array, w_in: int) -> Array:
   XLA:CPU runs a bfloat16 product as bfloat16 (YNNPACK's kernels) only
   when its result is float32 and its first operand is [rows, contracted].
   A bfloat16 result, or the weight gradient's x2^T dy contracted over the
-  rows, it computes as a float32 product of upcast copies, 2-5x slower on
-  a CPU with bfloat16 matrix instructions. So the weight gradient
-  multiplies a transposed copy (_rows_first). BERT-base's bfloat16 train
-  step takes 0.55x as long (experiments/benchmarks/README.md, "bfloat16
-  products on the CPU").
+  rows, it computes as a float32 product of upcast copies: 2.5-4x slower
+  on the benchmarks' Intel VM (AVX512-BF16 and AMX). So the weight
+  gradient multiplies a transposed copy (_rows_first). BERT-base's
+  bfloat16 train step there takes 0.53x as long (experiments/benchmarks/
+  README.md, "bfloat16 products on the CPU").
   """
   dims = (((1,), (w_in,)), ((), ()))
   y2 = jax.lax.dot_general(x2, w2, dims, preferred_element_type=jnp.float32)
