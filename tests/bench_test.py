@@ -208,7 +208,8 @@ def test_bench_train_reports_mfu_against_the_measured_peak():
   # XLA's FLOP count is left out where a loop over microbatches hides it.
   assert (r['xla_flops_per_token'] is None) == (r['microbatches'] > 1)
   if os.path.exists('/proc/cpuinfo'):  # Linux: what the CPU can vectorise
-    assert r['cpu_simd'] in ('avx512_bf16', 'avx512f', 'avx2', 'avx', 'none')
+    simd = ('amx_bf16', 'avx512_bf16', 'avx512f', 'avx2', 'avx', 'none')
+    assert r['cpu_simd'] in simd
     if r['cpu'] == 'x86_64':  # 'family/model' as cpuinfo numbers them
       assert re.fullmatch(r'\d+/\d+', r['cpu_family']), r['cpu_family']
   assert r['mfu'] == pytest.approx(r['achieved_tflops'] / r['peak_tflops'])

@@ -104,7 +104,10 @@ def cpu_model() -> dict[str, str]:
   TFLOP/s on an AVX-512 "AMD EPYC" and 0.13-0.16 on an AVX2 one. That
   name does not tell AMD's generations apart; the family does: 26 is Zen
   5, whose 512-bit units gave 0.38-0.46 TFLOP/s on two cores, 25 is Zen 3
-  (no AVX-512) or Zen 4 (AVX-512 on 256-bit units).
+  (no AVX-512) or Zen 4 (AVX-512 on 256-bit units). `amx_bf16` (Intel's
+  bf16 matrix tiles) is named first where the CPU exposes it: on such a VM
+  a bf16 model moved 1.1-1.5x the float32 model's tokens a second
+  (experiments/benchmarks/README.md, "bfloat16 products on the CPU").
   """
   try:
     with open('/proc/cpuinfo') as f:
@@ -117,7 +120,7 @@ def cpu_model() -> dict[str, str]:
     return found.group(1).strip() if found else ''
 
   flags = set(field('flags').split())
-  widest = ('avx512_bf16', 'avx512f', 'avx2', 'avx')
+  widest = ('amx_bf16', 'avx512_bf16', 'avx512f', 'avx2', 'avx')
   return {
     'cpu_model': field('model name'),
     'cpu_family': f'{field("cpu family")}/{field("model")}'.strip('/'),
