@@ -8,6 +8,7 @@ attention path's mask handling.
 
 import functools
 import math
+import re
 
 import jax
 import jax.numpy as jnp
@@ -365,6 +366,10 @@ def test_bfloat16_projections_accumulate_in_float32_on_the_cpu(
     assert lhs_dims == '[1]'
     assert lhs.endswith('xbf16>') and rhs.endswith('xbf16>')
     assert result.endswith('xf32>')
+  # And XLA keeps W's gradient over the transposed copy: a plain x2.T
+  # there is folded back into a product contracting x2's rows (dim 0).
+  compiled = traced.lower().compile().as_text()
+  assert re.findall(r'lhs_contracting_dims=\{(\d)\}', compiled) == ['1'] * 3
 
 
 @pytest.mark.parametrize(
