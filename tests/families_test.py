@@ -411,8 +411,11 @@ def test_causal_blocks_are_the_full_attention_with_the_same_dropout(
     np.testing.assert_allclose(
       got[k][real], want[k][real], rtol=1e-5, atol=1e-5
     )
+  # Round-off relative to the largest gradient (15-60 here), as in
+  # assert_same_step: the blocks sum the same terms in another order.
+  scale = max(np.abs(w).max() for w in jax.tree.leaves(want_grads))
   jax.tree.map(
-    lambda g, w: np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-6),
+    lambda g, w: np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-6 * scale),
     got_grads,
     want_grads,
   )
