@@ -8,11 +8,10 @@ import os
 # what is tested (partitioning, numerics to float32 round-off) alone. (Level
 # 1 runs steps faster but compiles slower: the whole suite was not faster,
 # experiments/benchmarks/README.md, "Test-suite time".) XLA's older
-# elementwise emitters instead of its MLIR fusion emitters compile about
-# a quarter faster again (the suite 8% faster; round-off differs, so the
-# tests' float32 tolerances are relative to what they compare). Child
-# processes that want JAX's one CPU device get these flags alone as their
-# XLA_FLAGS.
+# element-wise emitters, instead of its MLIR fusion emitters, compile a
+# quarter faster again (the suite 8% faster; the round-off differs in the
+# last bits, as between any two compiles). Child processes that want
+# JAX's one CPU device get these flags alone as their XLA_FLAGS.
 COMPILE_FLAGS = (
   '--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true'
   ' --xla_cpu_use_fusion_emitters=false'
