@@ -180,7 +180,7 @@ def run_bench(*args: str) -> dict:
   return json.loads(last)
 
 
-def test_bench_train_reports_mfu_against_the_measured_peak():
+def test_bench_train_reports_mfu_against_the_measured_peak(tmp_path):
   r = run_bench(
     '--config=configs/bert.py:size=tiny',
     '--config.model.vocab_size=1024',
@@ -191,6 +191,7 @@ def test_bench_train_reports_mfu_against_the_measured_peak():
     '--pipelined_steps=2',
     # A quick peak: the survey at base-size matmuls takes 15-30 s here.
     '--peak_sizes=256,512',
+    f'--profile_dir={tmp_path}',
   )
   assert (r['what'], r['backend'], r['batch_size'], r['seq_len']) == (
     'train',
@@ -230,6 +231,23 @@ def test_bench_train_reports_mfu_against_the_measured_peak():
   # step, so within a factor of the machine's drift of the survey's MFU.
   assert r['xla_matmul_tflops_in_turn'] > 0
   assert 0.25 < r['mfu_in_turn'] / r['mfu'] < 4
+  # The profile's products, read from the compiled step, are the model
+  # FLOPs the formula counts (6N plus attention, the head at the masked
+  # positions), every one of them: an independent count of the same sum.
+  products = r['profile']['products']
+  flops = sum(p['gflop_per_step'] for p in products) * 1e9
+  assert flops == pytest.approx(
+    r['model_flops_per_token'] * r['tokens_per_step'], rel=0.01
+  )
+  times = [p['ms_per_step'] for p in products]
+  assert times == sorted(times, reverse=True) and times[0] > 0
+  for p in products:
+    if p['tflops'] is not None:
+      assert p['tflops'] == pytest.approx(
+        p['gflop_per_step'] / p['ms_per_step'], rel=1e-6
+      )
+  assert os.path.exists(r['profile']['trace'])
+  assert r['profile']['step_s'] > 0 and r['profile']['busy_s']['CPU thunks']
   if r['peer'] == peer.NAME:  # installed by `make test` / `make bench`
     # The peer's head runs at all 128 positions, ours at the masked 20.
     assert r['peer_model_flops_per_token'] > r['model_flops_per_token']
@@ -464,6 +482,97 @@ def test_profile_sums_device_streams_and_names_their_sources(tmp_path):
   )
   assert '== Stream: 9.5 ms busy in 4 events, 48% of the wall time' in text
   assert '<- bf16[8,16]{1,0} encoder/add' in text
+
+
+def test_products_are_counted_per_form_and_run(tmp_path):
+  # An optimized CPU module's shape, by hand: a loop body (two
+  # microbatches) with a fused x . W^T, a fused batched product and an
+  # Eigen dot (whose thunk returns before its product is done).
+  from pretrain_lm.bench import profile  # noqa: PLC0415
+
+  hlo = '\n'.join(
+    [
+      '%fused_logits (p0: f32[16,8], p1: f32[32,8]) -> f32[16,32] {',
+      '  %p0 = f32[16,8]{1,0} parameter(0)',
+      '  %p1 = f32[32,8]{1,0} parameter(1)',
+      '  ROOT %dot.1 = f32[16,32]{1,0} dot(%p0, %p1), lhs_contracting_dims={1},'
+      ' rhs_contracting_dims={1}',
+      '}',
+      '%fused_scores (p0: f32[2,3,4,5], p1: f32[2,3,5,6]) -> f32[2,3,4,6] {',
+      '  %p0.1 = f32[2,3,4,5]{3,2,1,0} parameter(0)',
+      '  %p1.1 = f32[2,3,5,6]{3,2,1,0} parameter(1)',
+      '  ROOT %dot.2 = f32[2,3,4,6]{3,2,1,0} dot(%p0.1, %p1.1),'
+      ' lhs_batch_dims={0,1}, lhs_contracting_dims={3}, rhs_batch_dims={0,1},'
+      ' rhs_contracting_dims={2}',
+      '}',
+      '%body (arg: (f32[16,8], f32[32,8])) -> (f32[16,8], f32[32,8]) {',
+      '  %x = f32[16,8]{1,0} parameter(0)',
+      '  %w = f32[32,8]{1,0} parameter(1)',
+      '  %ynn_fusion.1 = f32[16,32]{1,0} fusion(%x, %w), kind=kCustom,'
+      ' calls=%fused_logits',
+      '  %ynn_fusion.2 = f32[2,3,4,6]{3,2,1,0} fusion(%a, %b), kind=kCustom,'
+      ' calls=%fused_scores',
+      '  %dot.3 = f32[32,8]{1,0} dot(%ynn_fusion.1, %x),'
+      ' lhs_contracting_dims={0}, rhs_contracting_dims={0}',
+      '  %add_fusion = f32[16,8]{1,0} fusion(%x), kind=kLoop, calls=%fused_add',
+      '}',
+    ]
+  )
+  found = profile.products(hlo)
+  assert found == {
+    'ynn_fusion.1': {
+      'flops': 2 * 16 * 32 * 8,
+      'form': 'f32[16,{8}] x f32[32,{8}] -> f32[16,32]',
+      'fused': True,
+    },
+    'ynn_fusion.2': {
+      'flops': 2 * (2 * 3 * 4 * 6) * 5,
+      'form': 'f32[2,3,4,{5}] x f32[2,3,{5},6] -> f32[2,3,4,6]',
+      'fused': True,
+    },
+    'dot.3': {
+      'flops': 2 * 32 * 8 * 16,
+      'form': 'f32[{16},32] x f32[{16},8] -> f32[32,8]',
+      'fused': False,
+    },
+  }
+  thunks = [
+    dict(ph='M', pid=1, tid=0, name='process_name', args={'name': '/host:CPU'}),
+    dict(
+      ph='M', pid=1, tid=5, name='thread_name', args={'name': 'tf_XLAEigen'}
+    ),
+  ]
+  for name, dur_us in [
+    ('ynn_fusion.1', 300),
+    ('ynn_fusion.1', 100),  # the second microbatch
+    ('ynn_fusion.2', 50),
+    ('dot.3', 1),
+    ('dot.3', 1),
+    ('add_fusion', 70),
+  ]:
+    thunks.append(dict(ph='X', pid=1, tid=5, name=name, ts=0, dur=dur_us))
+  path = tmp_path / 'x.trace.json.gz'
+  with gzip.open(path, 'wt') as f:
+    json.dump({'traceEvents': thunks}, f)
+  rows = profile.product_rates(str(path), hlo, steps=1)
+  assert [r['form'] for r in rows] == [
+    'f32[16,{8}] x f32[32,{8}] -> f32[16,32]',
+    'f32[2,3,4,{5}] x f32[2,3,{5},6] -> f32[2,3,4,6]',
+    'Eigen dots (not timed)',
+  ]
+  logits, scores, eigen = rows
+  assert logits['ms_per_step'] == pytest.approx(0.4)
+  assert logits['gflop_per_step'] == pytest.approx(2 * 2 * 16 * 32 * 8 / 1e9)
+  assert logits['tflops'] == pytest.approx(2 * 2 * 16 * 32 * 8 / 0.4e-3 / 1e12)
+  assert scores['count'] == 1 and scores['gflop_per_step'] == pytest.approx(
+    2 * 144 * 5 / 1e9
+  )
+  assert eigen['tflops'] is None and eigen['gflop_per_step'] == pytest.approx(
+    2 * 2 * 32 * 8 * 16 / 1e9
+  )
+  text = profile.format_products(rows)
+  assert text.splitlines()[0].startswith('== products: 0.5 ms/step for')
+  assert 'Eigen dots (not timed)' in text
 
 
 def test_cpu_peak_is_the_faster_of_xla_defaults_and_the_steps_options(

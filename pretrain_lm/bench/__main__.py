@@ -23,6 +23,12 @@ Runs on whatever backend JAX finds, prints a table, then one JSON line.
   cached token ids, per core, and the fraction of non-pad tokens.
 - decode: a decoder's KV-cached generation against full recomputation.
 
+With --profile_dir=D the train run traces two more steps of ours under
+jax.profiler into D and prints where their time went: each op's share of
+the busy time and, on the CPU, each matrix-product form (operand shapes,
+contracted dims in braces) with its time, GFLOP and FLOP rate inside the
+step (bench/profile.py product_rates); the JSON line gets the rows.
+
 On CPU the train step's global batch defaults to 8 rows (a preset's 256
 would take minutes a step); --batch_size sets it on any backend.
 """
@@ -88,6 +94,12 @@ flags.register_validator(
   'peak_sizes',
   lambda sizes: all(n.isdigit() and int(n) > 0 for n in sizes),
   '--peak_sizes must be positive integers, e.g. --peak_sizes=512,1024',
+)
+_PROFILE_DIR = flags.DEFINE_string(
+  'profile_dir',
+  '',
+  'Train: trace two more steps of ours here and print where their time '
+  'went, per op and (CPU) per matrix-product form with its FLOP rate.',
 )
 _WORKDIR = flags.DEFINE_string(
   'workdir', '', 'Where the tokenizer is trained (default: a temp dir).'
@@ -192,6 +204,8 @@ def run_train(config, workdir: str) -> dict:
     result['mfu_vs_best_matmul'] = (
       result['achieved_tflops'] / result['best_matmul_tflops']
     )
+  if _PROFILE_DIR.value:
+    result['profile'] = profile_run(ours.run, _PROFILE_DIR.value)
   if not theirs:
     result['peer'] = f'none ({why_not})'
     return result
@@ -201,6 +215,33 @@ def run_train(config, workdir: str) -> dict:
   result['peer_mfu'] = figures['achieved_tflops'] / result['peak_tflops']
   result['speedup_vs_peer'] = result['tokens_per_s'] / figures['tokens_per_s']
   return result
+
+
+def profile_run(run, directory: str) -> dict:
+  """Two more steps of `run` under the profiler: prints where their time
+  went (per op; on the CPU also per product form, with its FLOP rate) and
+  returns the totals and the product rows."""
+  from pretrain_lm.bench import profile  # noqa: PLC0415
+
+  run.state, summary = profile.profile_steps(
+    run.step, run.state, run.batch, steps=2, directory=directory
+  )
+  hlo = run.step.as_text()
+  print(profile.format_summary(summary, sources=profile.hlo_sources(hlo)))
+  steps = summary['steps']
+  figures = {
+    'trace': summary['trace'],
+    'step_s': summary['wall_s'] / steps,
+    'busy_s': {
+      line: t['busy_ms'] / steps / 1e3
+      for line, t in summary['timelines'].items()
+    },
+  }
+  if 'CPU thunks' in summary['timelines']:
+    rows = profile.product_rates(summary['trace'], hlo, steps=steps)
+    print(profile.format_products(rows))
+    figures['products'] = rows
+  return figures
 
 
 def run_pipeline(config, workdir: str) -> dict:
@@ -250,6 +291,8 @@ def print_table(result: dict) -> None:
       if isinstance(v, dict):
         print(f'{indent}{k}:')
         lines(v, indent + '  ')
+      elif isinstance(v, list) and v and isinstance(v[0], dict):
+        print(f'{indent}{k:40s} {len(v)} rows (in the JSON line)')
       else:
         print(f'{indent}{k:40s} {fmt(v)}')
 

@@ -12,12 +12,21 @@ exceed the wall time). On a device, a stream's busy time against the
 steps' wall time says how much of a step it sat idle (host overhead,
 launch gaps). run_exported imports this on machines without our
 input stack: jax and the standard library only.
+
+On the CPU, product_rates joins the trace with the optimized HLO: each
+matrix-product form's time, FLOPs and FLOP rate inside the step, the
+question behind most of experiments/benchmarks/README.md's levers.
+
+  rows = profile.product_rates(summary['trace'], compiled.as_text(),
+                               steps=summary['steps'])
+  print(profile.format_products(rows))
 """
 
 import collections
 import glob
 import gzip
 import json
+import math
 import os
 import re
 import time
@@ -69,15 +78,8 @@ def _timeline(process: str, thread: str) -> str | None:
   return None
 
 
-def summarize(trace_path: str) -> dict:
-  """{'timelines': {name: {'busy_ms', 'events', 'ops': {op: ms},
-  'merged': {op: how many numbered ops it sums}}}, 'trace': trace_path},
-  ops in decreasing time.
-
-  An op's name drops a trailing `.N` (XLA's numbering of clones), so the
-  forty `fusion.N`s of one kind add up; names are the profiler's (kernel
-  names on GPU streams, HLO op names on its 'XLA Ops' line).
-  """
+def _op_events(trace_path: str):
+  """(timeline, op name, milliseconds) of each op event in a trace."""
   with gzip.open(trace_path, 'rt') as f:
     events = json.load(f)['traceEvents']
   processes, threads = {}, {}
@@ -86,9 +88,6 @@ def summarize(trace_path: str) -> dict:
       processes[e['pid']] = e['args']['name']
     elif e.get('ph') == 'M' and e.get('name') == 'thread_name':
       threads[e['pid'], e['tid']] = e['args']['name']
-  ops = collections.defaultdict(collections.Counter)
-  names = collections.defaultdict(set)  # the numbered names of each op
-  counts = collections.Counter()
   for e in events:
     if e.get('ph') != 'X' or 'dur' not in e:
       continue
@@ -99,9 +98,25 @@ def summarize(trace_path: str) -> dict:
       line == 'CPU thunks' and e['name'].startswith(_CPU_NOT_OPS)
     ):
       continue
-    op = re.sub(r'\.\d+$', '', e['name'])
-    ops[line][op] += e['dur'] / 1e3
-    names[line, op].add(e['name'])
+    yield line, e['name'], e['dur'] / 1e3
+
+
+def summarize(trace_path: str) -> dict:
+  """{'timelines': {name: {'busy_ms', 'events', 'ops': {op: ms},
+  'merged': {op: how many numbered ops it sums}}}, 'trace': trace_path},
+  ops in decreasing time.
+
+  An op's name drops a trailing `.N` (XLA's numbering of clones), so the
+  forty `fusion.N`s of one kind add up; names are the profiler's (kernel
+  names on GPU streams, HLO op names on its 'XLA Ops' line).
+  """
+  ops = collections.defaultdict(collections.Counter)
+  names = collections.defaultdict(set)  # the numbered names of each op
+  counts = collections.Counter()
+  for line, name, ms in _op_events(trace_path):
+    op = re.sub(r'\.\d+$', '', name)
+    ops[line][op] += ms
+    names[line, op].add(name)
     counts[line] += 1
   return {
     'trace': trace_path,
@@ -165,4 +180,166 @@ def format_summary(
       lines.append(f'{ms / steps:10.2f} ms/step {ms / busy:6.1%}  {op[:110]}')
       if sources and op in sources and op not in t['merged']:
         lines.append(f'{"":27}<- {sources[op][:200]}')
+  return '\n'.join(lines)
+
+
+# An HLO instruction: `%name = type op(operands), attributes`.
+_INSTRUCTION = re.compile(
+  r'^\s*(?:ROOT )?%?([\w.\-]+) = (\S+) ([\w\-]+)\((.*?)\)(.*)$'
+)
+
+
+def _dims(shape: str) -> list[int]:
+  """f32[2048,768]{1,0} -> [2048, 768]."""
+  m = re.match(r'\w+\[([\d,]*)\]', shape)
+  return [int(d) for d in m.group(1).split(',') if d] if m else []
+
+
+def _bare(shape: str) -> str:
+  """The type without its layout: f32[2048,768]{1,0} -> f32[2048,768]."""
+  return re.sub(r'\{.*$', '', shape)
+
+
+def products(hlo_text: str) -> dict[str, dict]:
+  """{instruction: {'flops', 'form', 'fused'}} for every top-level dot and
+  every fusion holding dots, of an optimized HLO module (CPU).
+
+  `flops` is 2 x the result's elements x the contracted size, summed over
+  the dots a fusion holds; `form` names the operands and the result, the
+  contracted dims marked: `f32[2048,{768}] x f32[50257,{768}] ->
+  f32[2048,50257]` is x . W^T. `fused` says whether the product runs as a
+  fusion (XLA:CPU's YNNPACK or oneDNN fusions) or as a plain `dot` (Eigen).
+  """
+  shapes, current = {}, None
+  dots = {}  # name -> (computation, shape, operands, attributes)
+  calls = {}  # fusion name -> the computation it calls
+  for line in hlo_text.splitlines():
+    head = re.match(r'^(?:ENTRY )?%?([\w.\-]+) \(.*\{$', line)
+    if head:
+      current = head.group(1)
+      continue
+    m = _INSTRUCTION.match(line)
+    if not m:
+      continue
+    name, shape, op, operands, attrs = m.groups()
+    shapes[name] = shape
+    if op == 'dot':
+      dots[name] = (current, shape, operands, attrs)
+    elif op == 'fusion':
+      called = re.search(r'calls=%?([\w.\-]+)', attrs)
+      if called:
+        calls[name] = called.group(1)
+  in_fusions = collections.defaultdict(list)
+  for computation, *dot in dots.values():
+    in_fusions[computation].append(dot)
+
+  def dot_terms(shape, operands, attrs):
+    if '%' in operands:  # `%a, %b`, or with types: `f32[2,3]{1,0} %a, ...`
+      lhs, rhs = re.findall(r'%([\w.\-]+)', operands)
+    else:
+      lhs, rhs = (o.strip() for o in operands.split(','))
+    contracting = [
+      [
+        int(d)
+        for d in re.search(rf'{side}_contracting_dims={{([\d,]*)}}', attrs)
+        .group(1)
+        .split(',')
+        if d
+      ]
+      for side in ('lhs', 'rhs')
+    ]
+    lhs_dims, rhs_dims = _dims(shapes[lhs]), _dims(shapes[rhs])
+    k = math.prod(lhs_dims[d] for d in contracting[0])
+
+    def marked(dims, contracted):
+      return ','.join(
+        f'{{{n}}}' if i in contracted else str(n) for i, n in enumerate(dims)
+      )
+
+    dtype = lambda s: re.match(r'\w+', s).group(0)  # noqa: E731
+    form = (
+      f'{dtype(shapes[lhs])}[{marked(lhs_dims, contracting[0])}] x '
+      f'{dtype(shapes[rhs])}[{marked(rhs_dims, contracting[1])}] -> '
+      f'{_bare(shape)}'
+    )
+    return 2 * math.prod(_dims(shape)) * k, form
+
+  result = {}
+  for name, called in calls.items():
+    if in_fusions.get(called):
+      terms = [dot_terms(*d) for d in in_fusions[called]]
+      result[name] = {
+        'flops': sum(f for f, _ in terms),
+        'form': ' + '.join(form for _, form in terms),
+        'fused': True,
+      }
+  fusion_bodies = set(calls.values())
+  for name, (computation, *dot) in dots.items():
+    if computation not in fusion_bodies:
+      flops, form = dot_terms(*dot)
+      result[name] = {'flops': flops, 'form': form, 'fused': False}
+  return result
+
+
+def product_rates(
+  trace_path: str, hlo_text: str, *, steps: int = 1
+) -> list[dict]:
+  """Each product form's time, FLOPs and rate over the profiled steps, on
+  the CPU's thunk timeline, in decreasing time: [{'form', 'count',
+  'ms_per_step', 'gflop_per_step', 'tflops'}]. `count` is how many of
+  the program's instructions have that form; FLOPs count every time one
+  ran (a loop over microbatches runs its body once per microbatch).
+
+  Only fused products are timed: XLA:CPU's plain `dot` thunks hand their
+  product to Eigen and return before it is done (an event of a fraction
+  of a millisecond for gigaFLOPs), so a row for them, form 'Eigen dots
+  (not timed)', gives their FLOPs alone. A fused product's time is its
+  event's, which stretches when another op runs beside it on the other
+  threads: the rates are what the products got inside the step, not
+  what they reach alone.
+  """
+  found = products(hlo_text)
+  times, runs = collections.Counter(), collections.Counter()
+  for line, name, ms in _op_events(trace_path):
+    if line == 'CPU thunks' and name in found:
+      times[name] += ms
+      runs[name] += 1  # a loop's body (microbatches) runs more than once
+  rows = {}
+  for name, p in found.items():
+    form = p['form'] if p['fused'] else 'Eigen dots (not timed)'
+    row = rows.setdefault(form, {'form': form, 'count': 0, 'ms': 0.0, 'f': 0})
+    row['count'] += 1
+    row['ms'] += times[name] if p['fused'] else 0.0
+    row['f'] += p['flops'] * runs[name]
+  out = []
+  for row in sorted(rows.values(), key=lambda r: -r['ms']):
+    ms, flops = row.pop('ms') / steps, row.pop('f') / steps
+    out.append(
+      {
+        **row,
+        'ms_per_step': ms,
+        'gflop_per_step': flops / 1e9,
+        'tflops': flops / ms / 1e9 if ms else None,
+      }
+    )
+  return out
+
+
+def format_products(rows: list[dict], *, top: int = 25) -> str:
+  """`product_rates`' rows as a table, with the timed products' total."""
+  timed = [r for r in rows if r['tflops']]
+  ms = sum(r['ms_per_step'] for r in timed)
+  gflop = sum(r['gflop_per_step'] for r in timed)
+  lines = [
+    f'== products: {ms:.1f} ms/step for {gflop:.1f} GFLOP in the fused '
+    f'ones ({gflop / ms:.3f} TFLOP/s)'
+    if ms
+    else '== products'
+  ]
+  for r in rows[:top]:
+    rate = f'{r["tflops"]:6.3f} TFLOP/s' if r['tflops'] else f'{"":13}'
+    lines.append(
+      f'{r["ms_per_step"]:10.1f} ms/step {r["gflop_per_step"]:9.2f} GFLOP '
+      f'{rate} {r["count"]:4d}x  {r["form"][:110]}'
+    )
   return '\n'.join(lines)
