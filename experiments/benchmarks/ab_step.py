@@ -71,6 +71,19 @@ Variants of the dense projections (every family):
   transpose back), a plain [rows, out] x [out, in] product, instead of
   contracting dy and W over their last dims.
 
+- `project_f32acc`: the default, except that a W stored [in, out] goes
+  through layers.matmul_f32_acc in float32 too: W's gradient an `NN`
+  product over a transposed copy of x (YNNPACK), not the `TN` product
+  XLA:CPU gives Eigen.
+
+Variants of the attention kernel's layout (the einsum kernel):
+- `attention`: the default, each block's einsums over slices of q, k and
+  v as [B, L, H, K];
+- `attention_heads_first`: q, k and v transposed once per layer, behind
+  an optimization barrier, to [B, H, L, K], [B, H, K, S] and [B, H, S, K],
+  each block's products sliced from those, instead of each block's
+  einsum over [B, L, H, K] slices.
+
 Variants of the non-finite step check (train.step_is_finite):
 - `finite`: the default, the loss, the gradients' norm and the update's
   norm (a reduction over every parameter before the select);
@@ -180,6 +193,21 @@ matmul_nn.defvjp(_matmul_nn_fwd, _matmul_nn_bwd)
 
 def project_nn(equation, x, w):
   """layers.project with matmul_nn for the 'lead+in, in+out' equations."""
+  return flat_in_out(equation, x, w, matmul_nn)
+
+
+def project_f32acc(equation, x, w):
+  """layers.project with layers.matmul_f32_acc, whatever the dtype, for
+  the 'lead+in, in+out' equations: W's gradient an NN product over a
+  transposed copy of x, as for bfloat16."""
+  return flat_in_out(
+    equation, x, w, lambda x2, w2: layers.matmul_f32_acc(x2, w2, 0)
+  )
+
+
+def flat_in_out(equation, x, w, product):
+  """layers.project with `product` (x2, w2) -> y2 for the equations whose
+  W is stored [in, out]; others go to layers.project as they are."""
   operands, out = equation.split('->')
   x_spec, w_spec = operands.split(',')
   lead = ''.join(c for c in x_spec if c in out)
@@ -193,8 +221,41 @@ def project_nn(equation, x, w):
   ):
     return PROJECT(equation, x, w)
   k = math.prod(x.shape[len(lead) :])
-  y2 = matmul_nn(x.reshape(-1, k), w.reshape(k, -1))
+  y2 = product(x.reshape(-1, k), w.reshape(k, -1))
   return y2.reshape(*x.shape[: len(lead)], *w.shape[len(contracted) :])
+
+
+def heads_first_attention(self, q, k, v, mask, bias, deterministic, blocks):
+  """MultiHeadAttention._einsum_attention with q, k and v transposed once,
+  behind an optimization barrier, to [B, H, L, K], [B, H, K, S] and
+  [B, H, S, K], and every block's products taken from those."""
+  cfg, dtype = self.cfg, self.cfg.jnp_dtype
+  B, L, H, _ = q.shape
+  S = k.shape[1]
+  if cfg.attention_scale:
+    q = q / jnp.sqrt(cfg.head_dim).astype(dtype)
+  q_BHLK, k_BHKS, v_BHSK = jax.lax.optimization_barrier(
+    (q.transpose(0, 2, 1, 3), k.transpose(0, 2, 3, 1), v.transpose(0, 2, 1, 3))
+  )
+  probs = []
+  for q0, q1, s1 in blocks:
+    logits = jnp.einsum(
+      'BHLK,BHKS->BHLS', q_BHLK[:, :, q0:q1], k_BHKS[..., :s1]
+    ).astype(jnp.float32)
+    if bias is not None:
+      logits = logits + bias[..., q0:q1, :s1]
+    if mask is not None:
+      big_neg = jnp.finfo(jnp.float32).min
+      logits = jnp.where(mask[..., q0:q1, :s1], logits, big_neg)
+    probs.append(jax.nn.softmax(logits, axis=-1).astype(dtype))
+  probs = layers.Dropout(cfg.attention_dropout_rate).blocks(
+    probs, (B, H, L, S), [(0, 0, q0, 0) for q0, _, _ in blocks], deterministic
+  )
+  outs = [
+    jnp.einsum('BHLS,BHSK->BHLK', p, v_BHSK[:, :, :s1])
+    for p, (_, _, s1) in zip(probs, blocks, strict=True)
+  ]
+  return jnp.concatenate(outs, axis=2).transpose(0, 2, 1, 3)
 
 
 def plain_matmul(x2, w2, w_in):
@@ -214,6 +275,7 @@ STEP_IS_FINITE = train.step_is_finite
 
 
 STACK_LAYERS = transformer.Stack._layers
+EINSUM_ATTENTION = layers.MultiHeadAttention._einsum_attention
 HEADS = heads.is_argmax, heads.sample_categorical, heads.add_vocab_bias
 GELU = layers.ACTIVATIONS['gelu']
 PROJECT = layers.project
@@ -247,6 +309,7 @@ def compile_variant(trainer, state, batch, variant: str):
     transformer.Stack._layers = full_last_layer
   elif variant in (
     'last',
+    'attention',
     'causal',
     'vocab',
     'relative',
@@ -264,6 +327,10 @@ def compile_variant(trainer, state, batch, variant: str):
     layers.project = jnp.einsum
   elif variant == 'project_nn':
     layers.project = project_nn
+  elif variant == 'project_f32acc':
+    layers.project = project_f32acc
+  elif variant == 'attention_heads_first':
+    layers.MultiHeadAttention._einsum_attention = heads_first_attention
   elif variant == 'project_plain':
     layers.matmul_f32_acc = plain_matmul
   elif variant == 'gelu_erfc':
@@ -295,6 +362,7 @@ def compile_variant(trainer, state, batch, variant: str):
   finally:
     heads.is_argmax, heads.sample_categorical, heads.add_vocab_bias = HEADS
     transformer.Stack._layers = STACK_LAYERS
+    layers.MultiHeadAttention._einsum_attention = EINSUM_ATTENTION
     train.step_is_finite = STEP_IS_FINITE
     layers.ACTIVATIONS['gelu'] = GELU
     for name, value in saved.items():
