@@ -346,7 +346,8 @@ def test_exported_step_is_the_trainers_step(
   assert sum(thunks['ops'].values()) == pytest.approx(thunks['busy_ms'])
   assert any('fusion' in op for op in thunks['ops'])
   # Its products (all Eigen dots here, YNNPACK being off) are the model's.
-  flops = sum(p['gflop_per_step'] for p in r['products']) * 1e9
+  products = r['profile']['products']
+  flops = sum(p['gflop_per_step'] for p in products) * 1e9
   assert flops == pytest.approx(
     r['model_flops_per_token'] * r['tokens_per_step'], rel=0.01
   )

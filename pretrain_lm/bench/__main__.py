@@ -226,8 +226,7 @@ def profile_run(run, directory: str) -> dict:
   run.state, summary = profile.profile_steps(
     run.step, run.state, run.batch, steps=2, directory=directory
   )
-  hlo = run.step.as_text()
-  print(profile.format_summary(summary, sources=profile.hlo_sources(hlo)))
+  print(profile.report(summary, run.step))
   steps = summary['steps']
   figures = {
     'trace': summary['trace'],
@@ -237,10 +236,8 @@ def profile_run(run, directory: str) -> dict:
       for line, t in summary['timelines'].items()
     },
   }
-  if 'CPU thunks' in summary['timelines']:
-    rows = profile.product_rates(summary['trace'], hlo, steps=steps)
-    print(profile.format_products(rows))
-    figures['products'] = rows
+  if 'products' in summary:
+    figures['products'] = summary['products']
   return figures
 
 

@@ -17,9 +17,7 @@ On the CPU, product_rates joins the trace with the optimized HLO: each
 matrix-product form's time, FLOPs and FLOP rate inside the step, the
 question behind most of experiments/benchmarks/README.md's levers.
 
-  rows = profile.product_rates(summary['trace'], compiled.as_text(),
-                               steps=summary['steps'])
-  print(profile.format_products(rows))
+  print(profile.report(summary, compiled))  # both tables
 """
 
 import collections
@@ -323,6 +321,20 @@ def product_rates(
       }
     )
   return out
+
+
+def report(summary: dict, compiled: Any) -> str:
+  """The tables for a profile of `compiled` (a jax Compiled step): per op
+  with each op's source and, on the CPU, per product form. On the CPU it
+  also adds `product_rates`' rows to `summary` as 'products'."""
+  hlo = compiled.as_text()
+  text = format_summary(summary, sources=hlo_sources(hlo))
+  if 'CPU thunks' in summary['timelines']:
+    summary['products'] = product_rates(
+      summary['trace'], hlo, steps=summary['steps']
+    )
+    text += '\n' + format_products(summary['products'])
+  return text
 
 
 def format_products(rows: list[dict], *, top: int = 25) -> str:

@@ -21,7 +21,8 @@ persistent compilation cache on, several of them can compile side by side
 in separate processes, and the timing run that follows loads the programs
 from the cache. --profile_dir traces two more steps after the timed ones
 and adds where their time went (bench/profile.py) to the JSON line; on
-the CPU also each matrix-product form's time and FLOP rate (`products`).
+the CPU also each matrix-product form's time and FLOP rate
+(`profile.products`).
 """
 
 import argparse
@@ -174,15 +175,9 @@ def run(
       result['profile_error'] = f'{type(e).__name__}: {e}'
       log(f'{directory}: no profile: {result["profile_error"]}')
     else:
+      table = profile.report(summary, timed.step)
       result['profile'] = summary
-      hlo = timed.step.as_text()
-      sources = profile.hlo_sources(hlo)
-      table = profile.format_summary(summary, sources=sources)
       print(f'== {name}\n{table}', file=sys.stderr)
-      if 'CPU thunks' in summary['timelines']:
-        rows = profile.product_rates(summary['trace'], hlo, steps=2)
-        result['products'] = rows
-        print(profile.format_products(rows), file=sys.stderr)
   return result
 
 
