@@ -96,7 +96,7 @@ def grads_of(attention, args):
   names = ['q', 'k', 'v'] + (['bias'] if 'bias' in args else [])
 
   def loss(*xs):
-    kw = dict(zip(names, xs))
+    kw = dict(zip(names, xs, strict=True))
     out = attention(kw['q'], kw['k'], kw['v'], kw.get('bias'), args['mask'])
     return jnp.sum(out.astype(jnp.float32) * args['cotangent']), out
 
@@ -170,7 +170,7 @@ def run_cases(directory):
       errors.append(float(np.abs(g - e).max() / np.abs(e).max()))
     worst = max(worst, *errors)
     labels = ['out', 'dq', 'dk', 'dv', 'dbias'][: len(errors)]
-    print(json.dumps({'case': name, **dict(zip(labels, errors))}))
+    print(json.dumps({'case': name, **dict(zip(labels, errors, strict=True))}))
   print(json.dumps({'worst': worst, 'threshold': THRESHOLD}))
   return 0 if worst <= THRESHOLD else 1
 
