@@ -2,7 +2,8 @@
 
 Compiles the config's train step as `python -m pretrain_lm.bench` does,
 runs two untimed steps and profiles two more, then sums the CPU thunks
-that are not products (element-wise fusions, copies, reductions) by what
+that are not products (not in `bench.profile.products`, the product
+table's instructions: element-wise fusions, copies, reductions) by what
 they came from, read off each fusion's op_name in the optimized HLO:
 
   .venv/bin/python experiments/benchmarks/non_products.py \\
@@ -64,12 +65,13 @@ def outside_products(config, directory: str) -> tuple[float, dict]:
     steps=2,
     directory=os.path.join(directory, 'profile'),
   )
-  sources = profile.hlo_sources(run.step.as_text())
+  hlo = run.step.as_text()
+  found = profile.products(hlo)  # the product table's instructions
+  sources = profile.hlo_sources(hlo)
   steps = summary['steps']
   totals = collections.Counter()
   for line, name, ms in profile._op_events(summary['trace']):
-    kind = re.sub(r'\.\d+$', '', name)
-    if line != 'CPU thunks' or kind.startswith('ynn_fusion') or kind == 'dot':
+    if line != 'CPU thunks' or name in found:
       continue
     source = sources.get(re.sub(r'[.\-]', '_', name), '')
     totals[category(source.partition(' ')[2])] += ms / steps
