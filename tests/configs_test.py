@@ -4,10 +4,11 @@ Each config file's `tiny` preset, and every objective's preset, trains for
 a few dozen steps on the 8-device fake mesh laid out (data, fsdp, tensor) =
 (2, 2, 2), shrunk to at most 2 layers (per stack), rows of 32 and batches
 of 16: the loss must fall, the evaluation must run, the run's metrics and
-files must be there, and `pretrain_lm.load` must give back exactly the
-trained params. The objectives' noise is tested statistically in their own
-test files; this is the end-to-end check that each one trains. (Why so
-small: experiments/benchmarks/README.md, "Test-suite time".)
+files must be there, `pretrain_lm.load` must give back exactly the trained
+params, and a resume exactly the whole train state. The objectives' noise
+is tested statistically in their own test files; this is the end-to-end
+check that each one trains. (Why so small: experiments/benchmarks/README.md,
+"Test-suite time".)
 """
 
 import glob
@@ -143,12 +144,30 @@ def test_preset_trains_loss_falls_and_round_trips_on_a_2x2x2_mesh(
     assert json.load(f)['tokenizer']['special_ids'] == (
       loaded.tokenizer.special_ids
     )
-  trained = jax.device_get(state.params)
-  restored = jax.device_get(loaded.params)
-  assert jax.tree.structure(trained) == jax.tree.structure(restored)
+  assert_same_tree(state.params, loaded.params)
+
+  # What a resume starts from: a new Trainer on the workdir restores the
+  # whole state (step, params, optimizer state, RNG) bit for bit, with its
+  # shardings, and accepts the checkpoint's tokenizer and data stream.
+  # With each objective's stream restarting at its batch (resume_test) and
+  # the step's draws folded from (state.rng, state.step), that is what
+  # makes a resume of this preset exact; resume_test resumes one across
+  # processes, and every objective under `make test-all`.
+  trainer = train.Trainer(c, workdir)
+  resumed = trainer.initial_state()
+  trainer.checkpointer.close()
+  assert trainer.data_start_step == 0
+  assert_same_tree(state, resumed)
   for a, b in zip(
-    jax.tree.leaves(trained), jax.tree.leaves(restored), strict=True
+    jax.tree.leaves(state), jax.tree.leaves(resumed), strict=True
   ):
+    assert a.sharding == b.sharding, (a.sharding, b.sharding)
+
+
+def assert_same_tree(want, got) -> None:
+  want, got = jax.device_get(want), jax.device_get(got)
+  assert jax.tree.structure(want) == jax.tree.structure(got)
+  for a, b in zip(jax.tree.leaves(want), jax.tree.leaves(got), strict=True):
     np.testing.assert_array_equal(a, b)
 
 
