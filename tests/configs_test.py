@@ -58,6 +58,13 @@ PRESETS = [
   ('ul2', 'size=tiny,decoder', 'ul2_decoder', {}),
   ('xlnet', 'size=tiny', 'plm', {}),
 ]
+# BERT's masking options change its stream only (the model and the step are
+# the plain preset's): their runs are slow (`make test-all`), and
+# test_word_masking_presets_predict_whole_words checks their streams.
+SLOW = {
+  ('bert', 'size=tiny,objective=whole_word'),
+  ('bert', 'size=tiny,objective=span'),
+}
 
 
 def shrunk(name: str, arg: str, tokenizer_path: str, model_overrides=None):
@@ -98,8 +105,17 @@ def test_every_config_file_and_objective_is_covered():
 
 @pytest.mark.parametrize(
   'name, arg, objective, model_overrides',
-  PRESETS,
-  ids=[f'{n}:{a}' + ('+scan' if o else '') for n, a, _, o in PRESETS],
+  [
+    pytest.param(
+      n,
+      a,
+      objective,
+      o,
+      id=f'{n}:{a}' + ('+scan' if o else ''),
+      marks=pytest.mark.slow if (n, a) in SLOW else (),
+    )
+    for n, a, objective, o in PRESETS
+  ],
 )
 def test_preset_trains_loss_falls_and_round_trips_on_a_2x2x2_mesh(
   name, arg, objective, model_overrides, tmp_path, tokenizer_path
@@ -169,6 +185,56 @@ def assert_same_tree(want, got) -> None:
   assert jax.tree.structure(want) == jax.tree.structure(got)
   for a, b in zip(jax.tree.leaves(want), jax.tree.leaves(got), strict=True):
     np.testing.assert_array_equal(a, b)
+
+
+def test_word_masking_presets_predict_whole_words(tmp_path, tokenizer_path):
+  """BERT's whole_word and span presets reach their masking: each predicts
+  whole words (every piece of a word or none), the two choose differently,
+  and the plain preset's token masking splits words. mlm_test checks the
+  masking's statistics; the presets' runs are slow (SLOW)."""
+  import tensorflow as tf
+
+  from pretrain_lm.data import pipeline
+  from pretrain_lm.data import tokenizer as tokenizer_lib
+  from pretrain_lm.objectives import mlm
+
+  chosen, splits = {}, {}
+  for masking, arg in (
+    ('token', 'size=tiny'),
+    ('whole_word', 'size=tiny,objective=whole_word'),
+    ('span', 'size=tiny,objective=span'),
+  ):
+    c = shrunk('bert', arg, tokenizer_path)
+    assert c.objective.masking == masking
+    tokenizer = tokenizer_lib.setup_tokenizer(
+      c.data, vocab_size=c.model.vocab_size, workdir=str(tmp_path / masking)
+    )
+    special = [
+      tokenizer.pad_id,
+      tokenizer.cls_id,
+      tokenizer.sep_id,
+      tokenizer.mask_id,
+    ]
+    batches = pipeline.train_dataset(c, tokenizer).take(4)
+    chosen[masking], splits[masking] = [], 0
+    for batch in batches.as_numpy_iterator():
+      for r, corrupted in enumerate(batch['input_ids']):
+        weights = batch['masked_weights'][r] > 0
+        positions = batch['masked_positions'][r][weights]
+        row = corrupted.copy()  # the row before masking
+        row[positions] = batch['masked_ids'][r][weights]
+        is_candidate = ~np.isin(row, special)
+        words = mlm._words(
+          tf.constant(row), tf.constant(is_candidate), tokenizer
+        )[0].numpy()
+        lengths = np.bincount(words[words >= 0])
+        hits = np.bincount(words[positions], minlength=len(lengths))
+        # Rows where some word is predicted in part.
+        splits[masking] += int(np.any((hits > 0) & (hits < lengths)))
+        chosen[masking].append(tuple(positions))
+  assert splits['whole_word'] == splits['span'] == 0, splits
+  assert splits['token'] > 0, splits
+  assert chosen['whole_word'] != chosen['span']
 
 
 @pytest.mark.parametrize('name', CONFIGS)
