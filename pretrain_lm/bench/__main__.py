@@ -226,7 +226,8 @@ def profile_run(run, directory: str) -> dict:
   run.state, summary = profile.profile_steps(
     run.step, run.state, run.batch, steps=2, directory=directory
   )
-  print(profile.report(summary, run.step))
+  text, products = profile.report(summary, run.step)
+  print(text)
   steps = summary['steps']
   figures = {
     'trace': summary['trace'],
@@ -236,8 +237,8 @@ def profile_run(run, directory: str) -> dict:
       for line, t in summary['timelines'].items()
     },
   }
-  if 'products' in summary:
-    figures['products'] = summary['products']
+  if products is not None:
+    figures['products'] = products
   return figures
 
 

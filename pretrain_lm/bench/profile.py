@@ -17,7 +17,7 @@ On the CPU, product_rates joins the trace with the optimized HLO: each
 matrix-product form's time, FLOPs and FLOP rate inside the step, the
 question behind most of experiments/benchmarks/README.md's levers.
 
-  print(profile.report(summary, compiled))  # both tables
+  text, products = profile.report(summary, compiled)  # both tables
 """
 
 import collections
@@ -323,18 +323,16 @@ def product_rates(
   return out
 
 
-def report(summary: dict, compiled: Any) -> str:
+def report(summary: dict, compiled: Any) -> tuple[str, list[dict] | None]:
   """The tables for a profile of `compiled` (a jax Compiled step): per op
-  with each op's source and, on the CPU, per product form. On the CPU it
-  also adds `product_rates`' rows to `summary` as 'products'."""
+  with each op's source and, on the CPU, per product form. Returns the
+  text and, on the CPU, `product_rates`' rows (None elsewhere)."""
   hlo = compiled.as_text()
   text = format_summary(summary, sources=hlo_sources(hlo))
-  if 'CPU thunks' in summary['timelines']:
-    summary['products'] = product_rates(
-      summary['trace'], hlo, steps=summary['steps']
-    )
-    text += '\n' + format_products(summary['products'])
-  return text
+  if 'CPU thunks' not in summary['timelines']:
+    return text, None
+  products = product_rates(summary['trace'], hlo, steps=summary['steps'])
+  return text + '\n' + format_products(products), products
 
 
 def format_products(rows: list[dict], *, top: int = 25) -> str:

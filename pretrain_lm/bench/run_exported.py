@@ -175,8 +175,10 @@ def run(
       result['profile_error'] = f'{type(e).__name__}: {e}'
       log(f'{directory}: no profile: {result["profile_error"]}')
     else:
-      table = profile.report(summary, timed.step)
-      result['profile'] = summary
+      table, products = profile.report(summary, timed.step)
+      result['profile'] = (
+        summary if products is None else dict(summary, products=products)
+      )
       print(f'== {name}\n{table}', file=sys.stderr)
   return result
 
