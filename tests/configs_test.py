@@ -19,7 +19,7 @@ import os
 import jax
 import numpy as np
 import pytest
-from conftest import REPO, load_config, read_metrics
+from conftest import REPO, assert_trees_equal, load_config, read_metrics
 
 import pretrain_lm
 from pretrain_lm import configlib, train
@@ -160,7 +160,7 @@ def test_preset_trains_loss_falls_and_round_trips_on_a_2x2x2_mesh(
     assert json.load(f)['tokenizer']['special_ids'] == (
       loaded.tokenizer.special_ids
     )
-  assert_same_tree(state.params, loaded.params)
+  assert_trees_equal(state.params, loaded.params)
 
   # What a resume starts from: a new Trainer on the workdir restores the
   # whole state (step, params, optimizer state, RNG) bit for bit, with its
@@ -173,18 +173,11 @@ def test_preset_trains_loss_falls_and_round_trips_on_a_2x2x2_mesh(
   resumed = trainer.initial_state()
   trainer.checkpointer.close()
   assert trainer.data_start_step == 0
-  assert_same_tree(state, resumed)
+  assert_trees_equal(state, resumed)
   for a, b in zip(
     jax.tree.leaves(state), jax.tree.leaves(resumed), strict=True
   ):
     assert a.sharding == b.sharding, (a.sharding, b.sharding)
-
-
-def assert_same_tree(want, got) -> None:
-  want, got = jax.device_get(want), jax.device_get(got)
-  assert jax.tree.structure(want) == jax.tree.structure(got)
-  for a, b in zip(jax.tree.leaves(want), jax.tree.leaves(got), strict=True):
-    np.testing.assert_array_equal(a, b)
 
 
 def test_word_masking_presets_predict_whole_words(tmp_path, tokenizer_path):

@@ -63,6 +63,13 @@ def uses_ynnpack(compiled) -> bool:
   return '"kind":"__ynn_fusion"' in compiled.as_text()
 
 
+def assert_trees_equal(a, b) -> None:
+  """The same tree structure, and every leaf equal bit for bit."""
+  assert jax.tree.structure(a) == jax.tree.structure(b)
+  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+    np.testing.assert_array_equal(x, y)
+
+
 def read_metrics(workdir: str) -> list[dict]:
   """The records of a run's metrics.jsonl, in the order they were written."""
   with open(os.path.join(workdir, 'metrics.jsonl')) as f:

@@ -13,7 +13,13 @@ import sys
 import jax
 import numpy as np
 import pytest
-from conftest import COMPILE_FLAGS, REPO, load_config, read_metrics
+from conftest import (
+  COMPILE_FLAGS,
+  REPO,
+  assert_trees_equal,
+  load_config,
+  read_metrics,
+)
 
 import pretrain_lm
 from pretrain_lm import checkpoint as checkpoint_lib
@@ -66,13 +72,6 @@ def poison(batch, vocab_size):
 
 def host(tree):
   return jax.tree.map(np.asarray, jax.device_get(tree))
-
-
-def assert_trees_equal(a, b):
-  leaves_a, leaves_b = jax.tree.leaves(a), jax.tree.leaves(b)
-  assert jax.tree.structure(a) == jax.tree.structure(b)
-  for x, y in zip(leaves_a, leaves_b, strict=True):
-    np.testing.assert_array_equal(x, y)
 
 
 @pytest.mark.parametrize('accum', [1, 2])
