@@ -65,7 +65,7 @@ def one_device():
 
 def leaves(tree) -> dict:
   flat = jax.tree_util.tree_leaves_with_path(tree)
-  return {ft_optimizer._path_names(p): np.asarray(v) for p, v in flat}
+  return {ft_optimizer.path_names(p): np.asarray(v) for p, v in flat}
 
 
 @pytest.fixture(scope='module')
@@ -114,6 +114,32 @@ def test_body_restored_from_init_and_head_new(bert, tmp_path):
   for name in ('config.json', 'init_config.json', 'tokenizer.model'):
     assert os.path.exists(tmp_path / name)
 
+  # Zhang et al.'s re-initialisation: the top layer and the pooler are the
+  # from-scratch run's (the same seed), the rest the pretrained body's.
+  renewed = trainer.Trainer(
+    ft_config(bert, init__reinit_top_layers=1),
+    str(tmp_path / 'reinit'),
+    one_device(),
+  ).initial_state()
+  fresh = leaves(baseline.params)
+  body = leaves(renewed.params['backbone'])
+  top = 'layer_1' if any('layer_1' in k for k in body) else 'layers'
+  kinds = set()
+  for k, v in body.items():
+    if top == 'layers' and 'layers' in k:  # a scanned stack: row 1 renewed
+      np.testing.assert_array_equal(v[0], pretrained[k][0], err_msg=str(k))
+      np.testing.assert_array_equal(v[1], fresh[('backbone', *k)][1])
+      kinds.add('stack')
+    elif top in k or 'pooler' in k:
+      np.testing.assert_array_equal(v, fresh[('backbone', *k)], str(k))
+      if v.std() > 0:  # drawn at random, not a constant (biases, norms)
+        assert not np.array_equal(v, pretrained[k]), k
+      kinds.add('renewed')
+    else:
+      np.testing.assert_array_equal(v, pretrained[k], err_msg=str(k))
+      kinds.add('kept')
+  assert kinds in ({'renewed', 'kept'}, {'stack', 'renewed', 'kept'}), kinds
+
 
 @pytest.mark.parametrize(
   'name, arg',
@@ -144,6 +170,16 @@ def test_missing_init_is_a_clear_error(tmp_path):
   c.init.workdir = ''
   with pytest.raises(ValueError, match='--init'):
     config_lib.check_config(c, str(tmp_path / 'ft'))
+
+
+def test_reinit_top_layers_beyond_the_body_is_a_clear_error():
+  cfg = tiny_cfg('encoder')
+  trainer.check_reinit_top_layers(2, cfg)
+  with pytest.raises(ValueError, match='reinit_top_layers=3.*has 2 layers'):
+    trainer.check_reinit_top_layers(3, cfg)
+  albert = tiny_cfg('encoder', share_layers=True)
+  with pytest.raises(ValueError, match='reinit_top_layers=1.*shares'):
+    trainer.check_reinit_top_layers(1, albert)
 
 
 # --- A run: loss, evaluation, results, resume, sharding.
@@ -493,6 +529,24 @@ def test_discriminative_lr_scales_layer_l_by_decay_to_the_L_minus_l(scanned):
     assert np.all(layer(0) == decay) and np.all(layer(1) == 1.0)
   assert np.all(mag[('backbone', 'pooler', 'pooler_kernel')] == 1.0)
   assert np.all(mag[('classifier_kernel',)] == 1.0)
+
+
+@pytest.mark.parametrize('scanned', [False, True])
+def test_reinit_top_layers_takes_the_top_layers_and_pooler_fresh(scanned):
+  cfg = tiny_cfg('encoder')
+  restored = toy_params(scanned)['backbone']
+  fresh = jax.tree.map(jnp.zeros_like, restored)
+  assert trainer.reinit_top_layers(restored, fresh, cfg, 0) is restored
+  for count, kept_layers in ((1, [True, False]), (2, [False, False])):
+    got = leaves(trainer.reinit_top_layers(restored, fresh, cfg, count))
+    assert np.all(got[('token_embed', 'embedding')] == 1)
+    assert np.all(got[('pooler', 'pooler_kernel')] == 0)
+    for i, kept in enumerate(kept_layers):
+      if scanned:
+        w = got[('encoder', 'layers', 'mlp', 'wi_kernel')][i]
+      else:
+        w = got[('encoder', f'layer_{i}', 'mlp', 'wi_kernel')]
+      assert np.all(w == (1 if kept else 0)), (count, i)
 
 
 def test_layer_depths_of_an_encoder_decoder():

@@ -32,6 +32,11 @@ def base_config() -> ml_collections.ConfigDict:
   # The from-scratch baseline: the init workdir's architecture and
   # tokenizer, but freshly initialised weights.
   c.init.random_init = False
+  # Zhang et al. (2021), "Revisiting Few-sample BERT Fine-tuning": the top
+  # N layers of the restored body, and what sits above them (BERT's pooler),
+  # start from fresh weights instead; the layers below keep the pretrained
+  # ones.
+  c.init.reinit_top_layers = 0
 
   c.task = ml_collections.ConfigDict()
   c.task.name = 'glue'  # key of pretrain_lm.finetune.TASKS
@@ -185,6 +190,10 @@ def check_config(config: ml_collections.ConfigDict, workdir: str = '') -> None:
         '(set init.random_init=True for the from-scratch baseline).'
       )
   _require(init.step >= 0, f'init.step={init.step} must be >= 0.')
+  _require(
+    init.reinit_top_layers >= 0,
+    f'init.reinit_top_layers={init.reinit_top_layers} must be >= 0.',
+  )
   _choice(task.name, 'task.name', tuple(TASKS))
   if hasattr(TASKS[task.name], 'check_config'):
     TASKS[task.name].check_config(task)

@@ -100,7 +100,8 @@ def layer_depth(names: tuple[str, ...], cfg: ModelConfig) -> int | np.ndarray:
   return 0
 
 
-def _path_names(path) -> tuple[str, ...]:
+def path_names(path) -> tuple[str, ...]:
+  """A tree path's keys as strings: ('backbone', 'encoder', ...)."""
   return tuple(str(getattr(k, 'key', getattr(k, 'name', k))) for k in path)
 
 
@@ -125,7 +126,7 @@ def scale_by_layer(
     del params
 
     def scale(path, u):
-      f = jnp.asarray(factor(_path_names(path), state.count))
+      f = jnp.asarray(factor(path_names(path), state.count))
       f = f.reshape(f.shape + (1,) * (u.ndim - f.ndim))
       # where, not a product: a frozen param's update is exactly +0.
       return jnp.where(f == 0, 0, u * f.astype(u.dtype)).astype(u.dtype)

@@ -254,6 +254,7 @@ class Trainer:
         f'Fine-tuning a {self.model_config.family!r} model is not '
         f'supported; families: {list(config_lib.FAMILIES)}.'
       )
+    check_reinit_top_layers(c.init.reinit_top_layers, self.model_config)
     self.tokenizer = tokenizer_lib.load_tokenizer(
       os.path.join(source, tokenizer_lib.WORKDIR_FILENAME)
     )
@@ -471,6 +472,12 @@ class Trainer:
           self.model_config.family,
           tokenizer=self.tokenizer,
         )
+        body = reinit_top_layers(
+          body,
+          state.params['backbone'],
+          self.model_config,
+          c.init.reinit_top_layers,
+        )
         state = state.replace(params=dict(state.params, backbone=body))
       return state  # (3) with init.random_init
 
@@ -640,6 +647,47 @@ def restore_backbone(
   source.close()
   back = {v: k for k, v in names.items()}
   return {back.get(k, k): v for k, v in params.items()}
+
+
+def check_reinit_top_layers(count: int, cfg: ModelConfig) -> None:
+  """Raises ValueError unless `count` of the body's layers can be renewed."""
+  total = optimizer.num_layers(cfg)
+  if count > total:
+    raise ValueError(
+      f'init.reinit_top_layers={count}, but the body has {total} layers.'
+    )
+  if count and cfg.share_layers:
+    raise ValueError(
+      f"init.reinit_top_layers={count}: this body shares one layer's "
+      'weights among all its layers (ALBERT), so its top layers cannot be '
+      'renewed alone.'
+    )
+
+
+def reinit_top_layers(restored, fresh, cfg: ModelConfig, count: int):
+  """`restored` with its top `count` layers taken from `fresh`.
+
+  Zhang et al. (2021): the top layers of a pretrained body are the most
+  specific to its pretraining task, and fine-tuning on little data does
+  better from fresh weights there. A layer's depth is
+  `optimizer.layer_depth`'s (an encoder-decoder's top layers are its
+  decoder's), and everything above the renewed layers (a stack's final norm,
+  BERT's pooler) is renewed with them. A scanned stack keeps its lower
+  layers' rows.
+  """
+  if not count:
+    return restored
+  lowest_renewed = optimizer.num_layers(cfg) - count + 1
+
+  def pick(path, old, new):
+    names = ('backbone', *optimizer.path_names(path))
+    renew = np.asarray(optimizer.layer_depth(names, cfg)) >= lowest_renewed
+    if renew.ndim == 0:
+      return new if renew else old
+    mask = renew.reshape(renew.shape + (1,) * (old.ndim - renew.ndim))
+    return jax.device_put(jnp.where(mask, new, old), old.sharding)
+
+  return jax.tree_util.tree_map_with_path(pick, restored, fresh)
 
 
 class _Results:
