@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import read_metrics
+from conftest import assert_trees_equal, read_metrics
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -43,11 +43,6 @@ def abstract_of(state):
     lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
     state,
   )
-
-
-def assert_same(a, b):
-  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
-    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
 @pytest.fixture
@@ -211,7 +206,7 @@ def test_one_process_writes_replicated_shards_whole(tmp_path):
     shard = x.sharding.shard_shape(x.shape)
     assert tree[name].storage.write_shape == shard, name
   restored, _ = c.restore(1, abstract_of(state))
-  assert_same(restored, state)
+  assert_trees_equal(restored, state)
   assert restored['rows'].sharding == state['rows'].sharding
   c.close()
 
@@ -225,7 +220,7 @@ def test_async_sharded_round_trip_stores_checksums(tmp_path, mesh):
   c.save(7, state, {'step': 7})
   c.wait()
   restored, meta = c.restore(7, abstract_of(state))
-  assert_same(restored, state)
+  assert_trees_equal(restored, state)
   assert restored['params']['dense']['kernel'].sharding == (
     state['params']['dense']['kernel'].sharding
   )
@@ -266,7 +261,7 @@ def test_damaged_file_fails_naming_the_step(tmp_path, damage):
     c.restore(2, abstract_of(make_state(2)))
   # Step 1 is untouched and still restores.
   restored, _ = c.restore(1, abstract_of(make_state(1)))
-  assert_same(restored, make_state(1))
+  assert_trees_equal(restored, make_state(1))
 
 
 def corrupt_latest(directory, step):
@@ -290,7 +285,7 @@ def test_on_corrupt_fail_changes_nothing_previous_moves_aside(tmp_path):
 
   step, state, meta = c.restore_latest(abstract, on_corrupt='previous')
   assert (step, meta['step']) == (2, 2)
-  assert_same(state, make_state(2))
+  assert_trees_equal(state, make_state(2))
   # Moved out of Orbax's sight, not deleted: its bytes are all there.
   assert c.all_steps() == [1, 2]
   assert c.leftovers() == ['corrupt-3']
@@ -350,14 +345,14 @@ def test_strict_restore_lists_every_difference(tmp_path):
 
   # Params only: the params subtree must match exactly ...
   params = abstract_of(make_state(4)['params'])
-  assert_same(c.restore_params(4, params), make_state(4)['params'])
+  assert_trees_equal(c.restore_params(4, params), make_state(4)['params'])
   del params['norm']
   with pytest.raises(ckpt.TreeMismatchError, match='not in the target: norm'):
     c.restore_params(4, params)
   # ... unless partial: top-level entries may stay on disk (fine-tuning
   # drops the heads), what is restored must still match.
   got = c.restore_params(4, params, partial=True)
-  assert_same(got, {'dense': make_state(4)['params']['dense']})
+  assert_trees_equal(got, {'dense': make_state(4)['params']['dense']})
   params['dense']['kernel'] = jax.ShapeDtypeStruct((64, 16), jnp.bfloat16)
   with pytest.raises(ckpt.TreeMismatchError, match='dtype of dense/kernel'):
     c.restore_params(4, params, partial=True)

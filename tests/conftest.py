@@ -64,10 +64,17 @@ def uses_ynnpack(compiled) -> bool:
 
 
 def assert_trees_equal(a, b) -> None:
-  """The same tree structure, and every leaf equal bit for bit."""
+  """The same tree structure, and every leaf of the same dtype and equal bit
+  for bit (the failure names the leaf's path)."""
   assert jax.tree.structure(a) == jax.tree.structure(b)
-  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
-    np.testing.assert_array_equal(x, y)
+  pairs = zip(
+    jax.tree_util.tree_leaves_with_path(a), jax.tree.leaves(b), strict=True
+  )
+  for (path, x), y in pairs:
+    x, y = np.asarray(x), np.asarray(y)
+    name = jax.tree_util.keystr(path)
+    assert x.dtype == y.dtype, (name, x.dtype, y.dtype)
+    np.testing.assert_array_equal(x, y, err_msg=name)
 
 
 def read_metrics(workdir: str) -> list[dict]:

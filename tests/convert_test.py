@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import safetensors.numpy
-from conftest import load_config
+from conftest import assert_trees_equal, load_config
 from flax import linen as nn
 
 import pretrain_lm
@@ -85,17 +85,6 @@ def apply(cfg: ModelConfig, params, batch) -> dict:
   model = MODELS[cfg.family](cfg, collect_states=True)
   run = jax.jit(lambda p, b: model.apply({'params': p}, b, deterministic=True))
   return run(params, batch)
-
-
-def flat_params(params) -> dict[str, np.ndarray]:
-  return {k: np.asarray(v) for k, v in hf._flatten(params).items()}
-
-
-def assert_same_params(a, b):
-  a, b = flat_params(a), flat_params(b)
-  assert sorted(a) == sorted(b)
-  for k in a:
-    assert a[k].dtype == b[k].dtype and np.array_equal(a[k], b[k]), k
 
 
 # ---------------------------------------------------------------------------
@@ -183,7 +172,7 @@ def test_minilm_export_reproduces_the_source_file(
   # Import -> export -> import gives the same params, bit for bit.
   again = str(tmp_path / 'reimported')
   convert_cli('import', '--from=hf', f'--src={dst}', f'--workdir={again}')
-  assert_same_params(
+  assert_trees_equal(
     pretrain_lm.load(again).params, pretrain_lm.load(minilm_workdir).params
   )
 
@@ -211,7 +200,7 @@ def test_imported_workdir_restores_for_init_from(minilm_workdir):
       )
     )['params']
   )
-  assert_same_params(source.restore_params(step, abstract), loaded.params)
+  assert_trees_equal(source.restore_params(step, abstract), loaded.params)
   # ... and a fine-tuning backbone's, without the MLM head.
   del batch['masked_positions']
   backbone = nn.meta.unbox(
@@ -516,7 +505,7 @@ def test_tiny_model_round_trip(kind, tiny, tmp_path):
   again = str(tmp_path / 'reimported')
   record = hf.import_hf(dst, again)
   assert record['architecture'] == HF_CLASSES[kind]
-  assert_same_params(
+  assert_trees_equal(
     pretrain_lm.load(again).params, pretrain_lm.load(workdir).params
   )
 
