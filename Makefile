@@ -50,12 +50,12 @@ bench: $(VENV)/.installed $(VENV)/peer/.installed
 	$(BENCH) --config=configs/gpt.py:size=small --what=decode --repeats=1
 
 lint: $(VENV)/.installed
-	$(VENV)/bin/ruff check pretrain_lm configs tests
-	$(VENV)/bin/ruff format --check pretrain_lm configs tests
+	$(VENV)/bin/ruff check pretrain_lm configs tests experiments
+	$(VENV)/bin/ruff format --check pretrain_lm configs tests experiments
 
 format: $(VENV)/.installed
-	$(VENV)/bin/ruff format pretrain_lm configs tests
-	$(VENV)/bin/ruff check --fix pretrain_lm configs tests
+	$(VENV)/bin/ruff format pretrain_lm configs tests experiments
+	$(VENV)/bin/ruff check --fix pretrain_lm configs tests experiments
 
 clean:
 	rm -rf $(VENV) workdirs
