@@ -70,7 +70,7 @@ def outside_products(config, directory: str) -> tuple[float, dict]:
   sources = profile.hlo_sources(hlo)
   steps = summary['steps']
   totals = collections.Counter()
-  for line, name, ms in profile._op_events(summary['trace']):
+  for line, name, ms in profile.op_events(summary['trace']):
     if line != 'CPU thunks' or name in found:
       continue
     source = sources.get(re.sub(r'[.\-]', '_', name), '')

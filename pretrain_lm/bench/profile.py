@@ -76,7 +76,7 @@ def _timeline(process: str, thread: str) -> str | None:
   return None
 
 
-def _op_events(trace_path: str):
+def op_events(trace_path: str):
   """(timeline, op name, milliseconds) of each op event in a trace."""
   with gzip.open(trace_path, 'rt') as f:
     events = json.load(f)['traceEvents']
@@ -111,7 +111,7 @@ def summarize(trace_path: str) -> dict:
   ops = collections.defaultdict(collections.Counter)
   names = collections.defaultdict(set)  # the numbered names of each op
   counts = collections.Counter()
-  for line, name, ms in _op_events(trace_path):
+  for line, name, ms in op_events(trace_path):
     op = re.sub(r'\.\d+$', '', name)
     ops[line][op] += ms
     names[line, op].add(name)
@@ -298,7 +298,7 @@ def product_rates(
   """
   found = products(hlo_text)
   times, runs = collections.Counter(), collections.Counter()
-  for line, name, ms in _op_events(trace_path):
+  for line, name, ms in op_events(trace_path):
     if line == 'CPU thunks' and name in found:
       times[name] += ms
       runs[name] += 1  # a loop's body (microbatches) runs more than once
