@@ -253,6 +253,30 @@ def step_is_finite(loss, grad_norm, updates) -> jax.Array:
   )
 
 
+def apply_gradients(tx, params, opt_state, grads, loss):
+  """The optimizer's update, kept only if the step is finite.
+
+  Returns (params, opt_state, finite, grad_norm). A NaN/Inf (an overflow,
+  a corrupt batch, a divergence) would poison the weights and Adam's
+  moments for good, so such a step keeps params and the whole optimizer
+  state, its count (the LR schedule's step) included. The update is
+  checked too (step_is_finite says why). XLA fuses optax's chain per
+  array about as well as AdamW written out by hand; what costs is the
+  update's norm before the select (experiments/benchmarks/README.md,
+  "The optimizer's passes").
+  """
+  grad_norm = optax.global_norm(grads)
+  updates, new_opt_state = tx.update(grads, opt_state, params)
+  finite = step_is_finite(loss, grad_norm, updates)
+  new_params = optax.apply_updates(params, updates)
+  new_params, new_opt_state = jax.tree.map(
+    lambda new, old: jnp.where(finite, new, old),
+    (new_params, new_opt_state),
+    (params, opt_state),
+  )
+  return new_params, new_opt_state, finite, grad_norm
+
+
 def train_step(
   state: TrainState,
   batch,
@@ -287,20 +311,8 @@ def train_step(
     loss, grads, metrics = accumulate_gradients(
       grad_fn, state.params, batch, dropout_rng, grad_accum_steps
     )
-  grad_norm = optax.global_norm(grads)
-  updates, opt_state = tx.update(grads, state.opt_state, state.params)
-  # A NaN/Inf (an overflow, a corrupt batch, a divergence) would poison the
-  # weights and Adam's moments for good, so such a step keeps params and
-  # the whole optimizer state, its count (the LR schedule's step) included.
-  # `step` still advances: the data position (one batch per step) moves
-  # past the bad batch and the next step draws fresh dropout masks. The
-  # update is checked too (step_is_finite says why).
-  finite = step_is_finite(loss, grad_norm, updates)
-  params = optax.apply_updates(state.params, updates)
-  params, opt_state = jax.tree.map(
-    lambda new, old: jnp.where(finite, new, old),
-    (params, opt_state),
-    (state.params, state.opt_state),
+  params, opt_state, finite, grad_norm = apply_gradients(
+    tx, state.params, state.opt_state, grads, loss
   )
   # The optimizer counts applied updates only: step - count is the number
   # of skipped steps, so the running total needs no state of its own and
@@ -314,6 +326,9 @@ def train_step(
   )
   if new_count is not None:
     metrics['skipped_total'] = state.step + 1 - new_count
+  # `step` advances even on a skipped step: the data position (one batch
+  # per step) moves past the bad batch and the next step draws fresh
+  # dropout masks.
   new_state = state.replace(
     step=state.step + 1, params=params, opt_state=opt_state
   )
