@@ -172,11 +172,12 @@ def test_missing_init_is_a_clear_error(tmp_path):
     config_lib.check_config(c, str(tmp_path / 'ft'))
 
 
-def test_reinit_top_layers_beyond_the_body_is_a_clear_error():
-  cfg = tiny_cfg('encoder')
-  trainer.check_reinit_top_layers(2, cfg)
+def test_reinit_top_layers_beyond_the_body_is_a_clear_error(bert, tmp_path):
+  # The Trainer checks the count against the body it reads from --init,
+  # before it loads anything else.
   with pytest.raises(ValueError, match='reinit_top_layers=3.*has 2 layers'):
-    trainer.check_reinit_top_layers(3, cfg)
+    trainer.Trainer(ft_config(bert, init__reinit_top_layers=3), str(tmp_path))
+  trainer.check_reinit_top_layers(2, tiny_cfg('encoder'))
   albert = tiny_cfg('encoder', share_layers=True)
   with pytest.raises(ValueError, match='reinit_top_layers=1.*shares'):
     trainer.check_reinit_top_layers(1, albert)
