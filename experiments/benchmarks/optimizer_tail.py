@@ -34,7 +34,6 @@ import shutil
 import statistics
 import sys
 import tempfile
-import time
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 
@@ -44,7 +43,7 @@ import optax  # noqa: E402
 from optax import tree_utils as otu  # noqa: E402
 
 from pretrain_lm import configlib, train  # noqa: E402
-from pretrain_lm.bench import step  # noqa: E402
+from pretrain_lm.bench import step, timing  # noqa: E402
 
 
 def variants(opt, schedule) -> dict:
@@ -225,34 +224,42 @@ def main():
   loss = jnp.float32(1.0)
   reference = jax.jit(train.apply_gradients, static_argnums=0)(
     tx, params, opt_state, grads, loss
-  )
-  compiled = {}
+  )[:2]
+  runs = []
   for name in names:
-    f = jax.jit(found[name], static_argnums=0, donate_argnums=(1, 2))
-    copy = jax.tree.map(jnp.copy, (params, opt_state))
+    # Each variant updates its own copy of the state, which it donates; the
+    # gradients stand in for the batch.
+    step_fn = jax.jit(
+      lambda state, grads, f=found[name]: as_step(f(tx, *state, grads, loss)),
+      donate_argnums=0,
+    )
+    run = timing.compile_run(step_fn, reference, grads)
+    fresh = jax.tree.map(jnp.copy, (params, opt_state))
+    run.state, run.metrics = run.step(fresh, grads)
     print(
       f'{name:>10}: largest difference from optax '
-      f'{largest_difference(f(tx, *copy, grads, loss)[:2], reference[:2]):.2e}'
+      f'{largest_difference(run.state, reference):.2e}'
     )
-    compiled[name] = f
-  del reference
-  times = {n: [] for n in names}
-  for r in range(args.rounds + 1):  # round 0 warms up
-    for name in names if r % 2 else names[::-1]:
-      start = time.perf_counter()
-      params, opt_state, *_ = compiled[name](tx, params, opt_state, grads, loss)
-      jax.block_until_ready((params, opt_state))
-      if r:
-        times[name].append(time.perf_counter() - start)
-  first = times[names[0]]
+    run.state = jax.tree.map(jnp.copy, (params, opt_state))
+    runs.append(run)
+  del reference, params, opt_state, state
+  # time_in_turn raises if the last round's update was skipped (as an
+  # update with the same gradients and a finite state, every round's is).
+  timing.time_in_turn(runs, steps=args.rounds, warmup=1)
   print(f'{args.config}, {args.rounds} rounds')
-  for name in names:
-    ratios = [t / b for t, b in zip(times[name], first, strict=True)]
+  for name, run in zip(names, runs, strict=True):
+    ratios = [t / b for t, b in zip(run.times, runs[0].times, strict=True)]
     print(
-      f'{name:>10}: median {1e3 * statistics.median(times[name]):.0f} ms, '
+      f'{name:>10}: median {1e3 * statistics.median(run.times):.0f} ms, '
       f'median ratio to {names[0]} {statistics.median(ratios):.3f}, '
       f'faster in {sum(x < 1 for x in ratios)}/{len(ratios)} rounds'
     )
+
+
+def as_step(result):
+  """A variant's result as a step's (state, metrics)."""
+  params, opt_state, finite, _ = result
+  return (params, opt_state), {'skipped_total': (~finite).astype(jnp.int32)}
 
 
 if __name__ == '__main__':
