@@ -1,8 +1,12 @@
 """The benchmark suite: model FLOPs against XLA, the CLI, the peer's inputs."""
 
+import ast
 import dataclasses
+import glob
 import gzip
+import importlib
 import importlib.util
+import inspect
 import json
 import os
 import re
@@ -724,3 +728,51 @@ def test_hand_written_adamw_is_the_trainers_update():
   for name, f in found.items():
     finite = f(tx, params, fresh, zeros, 1.0)[2]
     assert bool(finite) is (name == 'grads_only'), name
+
+
+def test_experiment_scripts_name_only_what_the_package_has():
+  # The scripts in experiments/ have no tests of their own and read (and
+  # patch: ab_step.py) the package's functions by name. A renamed function
+  # breaks them at run time, or, for a patch, silently: this reads every
+  # `module.name` they use off the imported modules.
+  missing = []
+  for path in sorted(
+    glob.glob(os.path.join(REPO, 'experiments', '**', '*.py'), recursive=True)
+  ):
+    with open(path) as f:
+      tree = ast.parse(f.read(), path)
+    aliases = {}
+    for node in ast.walk(tree):
+      if isinstance(node, ast.Import):
+        for a in node.names:
+          if a.name.split('.')[0] == 'pretrain_lm':
+            aliases[a.asname or a.name] = importlib.import_module(a.name)
+      elif isinstance(node, ast.ImportFrom) and (node.module or '').startswith(
+        'pretrain_lm'
+      ):
+        module = importlib.import_module(node.module)
+        for a in node.names:
+          try:  # a name in the module, or a submodule not imported yet
+            value = getattr(module, a.name, None) or importlib.import_module(
+              f'{node.module}.{a.name}'
+            )
+          except ImportError:
+            missing.append(f'{path}: {node.module}.{a.name}')
+          else:
+            aliases[a.asname or a.name] = value
+    for node in ast.walk(tree):
+      chain = []
+      while isinstance(node, ast.Attribute):
+        chain.insert(0, node.attr)
+        node = node.value
+      if not (chain and isinstance(node, ast.Name) and node.id in aliases):
+        continue
+      value = aliases[node.id]
+      for i, name in enumerate(chain):
+        if not (inspect.ismodule(value) or inspect.isclass(value)):
+          break
+        if not hasattr(value, name):
+          missing.append(f'{path}: {".".join([node.id, *chain[: i + 1]])}')
+          break
+        value = getattr(value, name)
+  assert not missing, missing
