@@ -173,8 +173,8 @@ def test_missing_init_is_a_clear_error(tmp_path):
 
 
 def test_reinit_top_layers_beyond_the_body_is_a_clear_error(bert, tmp_path):
-  # The Trainer checks the count against the body it reads from --init,
-  # before it loads anything else.
+  # The Trainer checks the count against the body's config it reads from
+  # --init, before it loads the tokenizer or any weights.
   with pytest.raises(ValueError, match='reinit_top_layers=3.*has 2 layers'):
     trainer.Trainer(ft_config(bert, init__reinit_top_layers=3), str(tmp_path))
   trainer.check_reinit_top_layers(2, tiny_cfg('encoder'))
