@@ -63,15 +63,17 @@ def variants(opt, schedule) -> dict:
   )
 
   def scalars(opt_state, grads):
+    """(grad_norm, count, new_count, update's scalar arguments)."""
     grad_norm = optax.global_norm(grads)
     # optax.clip_by_global_norm's scale, and AdamW's step count (its bias
     # corrections) and learning rate (the schedule at the count before).
-    scale = jnp.where(grad_norm < clip, 1.0, clip / grad_norm)
     # Adam's count and the schedule's both count applied updates.
+    scale = jnp.where(grad_norm < clip, 1.0, clip / grad_norm)
     count = otu.tree_get_all_with_path(opt_state, 'count')[0][1]
     new_count = optax.safe_increment(count)
     t = new_count.astype(jnp.float32)
-    return grad_norm, scale, count, new_count, 1 - b1**t, 1 - b2**t
+    args = (scale, 1 - b1**t, 1 - b2**t, schedule(count))
+    return grad_norm, count, new_count, args
 
   def update(p, g, mu, nu, scale, c1, c2, lr):
     g = g * scale
@@ -82,30 +84,25 @@ def variants(opt, schedule) -> dict:
       u = u + decay * p
     return -lr * u, mu, nu
 
-  def moments(opt_state):
-    return otu.tree_get(opt_state, 'mu'), otu.tree_get(opt_state, 'nu')
-
-  def unzip(tree, n):
+  def per_array(fn, params, opt_state, grads):
+    """fn(p, g, mu, nu) over the arrays; tuples it returns come back as
+    one tree per entry."""
+    mu, nu = otu.tree_get(opt_state, 'mu'), otu.tree_get(opt_state, 'nu')
+    out = jax.tree.map(fn, params, grads, mu, nu)
     is_tuple = lambda x: isinstance(x, tuple)
+    first = jax.tree.leaves(out, is_leaf=is_tuple)[0]
+    if not is_tuple(first):
+      return out
     return [
-      jax.tree.map(lambda t, i=i: t[i], tree, is_leaf=is_tuple)
-      for i in range(n)
+      jax.tree.map(lambda t, i=i: t[i], out, is_leaf=is_tuple)
+      for i in range(len(first))
     ]
 
   def adamw(tx, params, opt_state, grads, loss):
     del tx
-    grad_norm, scale, count, new_count, c1, c2 = scalars(opt_state, grads)
-    lr = schedule(count)
-    mu, nu = moments(opt_state)
-    updates, mu, nu = unzip(
-      jax.tree.map(
-        lambda p, g, m, v: update(p, g, m, v, scale, c1, c2, lr),
-        params,
-        grads,
-        mu,
-        nu,
-      ),
-      3,
+    grad_norm, _, new_count, args = scalars(opt_state, grads)
+    updates, mu, nu = per_array(
+      lambda p, g, m, v: update(p, g, m, v, *args), params, opt_state, grads
     )
     finite = train.step_is_finite(loss, grad_norm, updates)
     new = (
@@ -117,32 +114,29 @@ def variants(opt, schedule) -> dict:
     )
     return new_params, new_state, finite, grad_norm
 
-  def one_pass(params, opt_state, grads, finite, scalar_args):
-    mu, nu = moments(opt_state)
+  def one_pass(params, opt_state, grads, finite, count, new_count, args):
+    """The selected params and state, written in one pass per array."""
 
     def write(p, g, m, v):
-      u, m2, v2 = update(p, g, m, v, *scalar_args)
+      u, m2, v2 = update(p, g, m, v, *args)
       return (
         jnp.where(finite, p + u, p),
         jnp.where(finite, m2, m),
         jnp.where(finite, v2, v),
       )
 
-    return unzip(jax.tree.map(write, params, grads, mu, nu), 3)
+    new_params, mu, nu = per_array(write, params, opt_state, grads)
+    count = jnp.where(finite, new_count, count)
+    return new_params, otu.tree_set(opt_state, mu=mu, nu=nu, count=count)
 
   def recompute(tx, params, opt_state, grads, loss):
     del tx
-    grad_norm, scale, count, new_count, c1, c2 = scalars(opt_state, grads)
-    lr = schedule(count)
-    mu, nu = moments(opt_state)
-    squares = jax.tree.map(
-      lambda p, g, m, v: jnp.sum(
-        jnp.square(update(p, g, m, v, scale, c1, c2, lr)[0])
-      ),
+    grad_norm, count, new_count, args = scalars(opt_state, grads)
+    squares = per_array(
+      lambda p, g, m, v: jnp.sum(jnp.square(update(p, g, m, v, *args)[0])),
       params,
+      opt_state,
       grads,
-      mu,
-      nu,
     )
     finite = (
       jnp.isfinite(loss)
@@ -152,24 +146,15 @@ def variants(opt, schedule) -> dict:
     params, opt_state, grads, finite = jax.lax.optimization_barrier(
       (params, opt_state, grads, finite)
     )
-    new_params, mu, nu = one_pass(
-      params, opt_state, grads, finite, (scale, c1, c2, lr)
-    )
-    count = jnp.where(finite, new_count, count)
-    new_state = otu.tree_set(opt_state, mu=mu, nu=nu, count=count)
-    return new_params, new_state, finite, grad_norm
+    new = one_pass(params, opt_state, grads, finite, count, new_count, args)
+    return *new, finite, grad_norm
 
   def grads_only(tx, params, opt_state, grads, loss):
     del tx
-    grad_norm, scale, count, new_count, c1, c2 = scalars(opt_state, grads)
-    lr = schedule(count)
+    grad_norm, count, new_count, args = scalars(opt_state, grads)
     finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-    new_params, mu, nu = one_pass(
-      params, opt_state, grads, finite, (scale, c1, c2, lr)
-    )
-    count = jnp.where(finite, new_count, count)
-    new_state = otu.tree_set(opt_state, mu=mu, nu=nu, count=count)
-    return new_params, new_state, finite, grad_norm
+    new = one_pass(params, opt_state, grads, finite, count, new_count, args)
+    return *new, finite, grad_norm
 
   return {
     'optax': train.apply_gradients,
