@@ -192,7 +192,7 @@ def _concat_chunks(docs: tf.data.Dataset, sep_id: int) -> tf.data.Dataset:
   return docs.ragged_batch(_CONCAT_DOCS_PER_RUN).map(no_autograph(join))
 
 
-def _features(
+def row_features(
   rows: tf.Tensor, sep_id: int, pad_id: int
 ) -> dict[str, tf.Tensor]:
   """Packed rows [N, L] -> input_ids, segment_ids and positions [N, L].
@@ -276,7 +276,7 @@ def pack(
     # overhead dominates for short documents.
     rows = docs.map(
       no_autograph(
-        lambda ids: _features(
+        lambda ids: row_features(
           _doc_sentences_rows(ids, row_len, cls_id, sep_id, pad_id),
           sep_id,
           pad_id,
@@ -298,7 +298,7 @@ def pack(
   rows = flagged.scan(tf.zeros([0], tf.int32), no_autograph(step))
   rows = rows.map(
     no_autograph(
-      lambda r: _features(tf.ensure_shape(r, [None, row_len]), sep_id, pad_id)
+      lambda r: row_features(tf.ensure_shape(r, [None, row_len]), sep_id, pad_id)
     ),
     num_parallel_calls=_AUTOTUNE,
     deterministic=True,
