@@ -225,7 +225,8 @@ def base_config() -> ml_collections.ConfigDict:
   # local path may end in a slice of each file's characters: 'a.txt[:90%]'.
   c.data.source = os.path.join(CORPUS_DIR, 'wikitext-2', 'valid.txt')
   # Held-out text for evaluation; '' holds out every `eval_holdout_every`-th
-  # document of `source` instead (and trains on the rest).
+  # document of `source` instead (and trains on the rest). A prepared
+  # source evaluates on its own eval split unless this names another.
   c.data.eval_source = os.path.join(CORPUS_DIR, 'wikitext-2', 'test.txt')
   c.data.eval_holdout_every = 100
   # 'line': a document per line; 'blank_line'; 'file': one per file.
@@ -266,6 +267,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.data.shuffle_buffer = 10_000  # packed rows
   c.data.seed = 0
   c.data.eval_batches = 8
+  # Prepared sources: start-up checks every shard's size; True also hashes
+  # every shard against the manifest (reads the whole corpus once).
+  c.data.verify_checksums = False
   # Each checkpoint stores what decides its batches (data.source's files,
   # the tokenizer, packing, seq_len(_schedule), batch_size, shuffle_buffer,
   # seed, the objective's fields); resuming with any of them changed fails,

@@ -822,7 +822,18 @@ class Trainer:
       return state  # (3) when neither applied
 
   def evaluate(self, params, eval_data) -> dict[str, float]:
-    """Metrics over the held-out batches, weighted by predictions per batch."""
+    """Metrics over the held-out batches, weighted by predictions per batch.
+
+    A mixture's eval data is {corpus name: batches}: each corpus gets its
+    own eval_<name>_* metrics, and eval_* are over all of them.
+    """
+    if isinstance(eval_data, dict):
+      out = {}
+      for name, batches in eval_data.items():
+        one = self.evaluate(params, batches)
+        out.update({f'eval_{name}_{k[5:]}': v for k, v in one.items()})
+      every = [b for batches in eval_data.values() for b in batches]
+      return {**self.evaluate(params, every), **out}
     totals, weight = {}, 0.0
     with self.context():
       for batch in eval_data:
@@ -947,7 +958,11 @@ class Trainer:
       if log_now:
         # Bad input data.bad_input='skip' dropped (per epoch; cached).
         skipped = pipeline.skipped_input(cfg)
-        writer.write(step, {**perf.summarize(window, step), **skipped})
+        # A prepared mixture's share so far, per corpus.
+        shares = pipeline.tokens_per_source(cfg, step - self.data_start_step)
+        writer.write(
+          step, {**perf.summarize(window, step), **skipped, **shares}
+        )
         window = []
       evaluated = None  # this step's eval metrics, if it has them
       if step % cfg.train.eval_every == 0 or last:

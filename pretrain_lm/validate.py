@@ -257,7 +257,7 @@ def check_config(config: ml_collections.ConfigDict) -> None:
   # the fields are known to be sound.
   import tensorflow as tf
 
-  from pretrain_lm.data import pipeline, sources
+  from pretrain_lm.data import pipeline, prepared, sources
   from pretrain_lm.objectives import OBJECTIVES
 
   m, d, t, c = config.model, config.data, config.train, config.checkpoint
@@ -337,8 +337,16 @@ def check_config(config: ml_collections.ConfigDict) -> None:
     objective.check_config(config)
 
   ModelConfig.from_config(m)  # its own checks, before tokenizer training
-  # Scans local files once (the pipeline reuses the scan): data.bad_input.
-  sources.check_sources(d)
+  if prepared.is_prepared(d.source):
+    # Manifests and shard sizes, the row length, packing and tokenizer.
+    pipeline.prepared_stream(config, 'train')
+  if prepared.is_prepared(d.eval_source or d.source):
+    pipeline.prepared_stream(config, 'eval')
+  if not prepared.is_prepared(d.source) or (
+    d.eval_source and not prepared.is_prepared(d.eval_source)
+  ):
+    # Scans local files once (the pipeline reuses the scan): data.bad_input.
+    sources.check_sources(d)
   if d.tokenizer and not tf.io.gfile.exists(d.tokenizer):
     raise FileNotFoundError(
       f'data.tokenizer: no tokenizer file at {d.tokenizer!r}.'

@@ -15,7 +15,7 @@ import ml_collections
 from etils import epath
 
 from pretrain_lm import checkpoint
-from pretrain_lm.data import pipeline, sources
+from pretrain_lm.data import pipeline, prepared, records, sources
 
 # objective.* fields that only a loss reads: changing one mid-run leaves
 # every batch as it was, so they are not part of the data stream.
@@ -52,6 +52,8 @@ def data_stream(
   through the steps a data.seq_len_schedule stage starts at.
   """
   d = config.data
+  if prepared.is_prepared(d.source):
+    return _digest(_prepared_fields(config, tokenizer), d.source)
   tfds = d.source.startswith(sources.TFDS_PREFIX)
   fields = {
     'data.source': d.source if tfds else _files_identity(d.source),
@@ -81,20 +83,56 @@ def data_stream(
     fields['data.doc_format'] = d.doc_format
     # Longer documents are dropped (data.bad_input='skip'): fewer rows.
     fields['data.max_doc_bytes'] = d.get('max_doc_bytes')
-  fields.update(
-    {
-      f'objective.{k}': v
-      for k, v in config.objective.to_dict().items()
-      if k not in LOSS_ONLY_FIELDS
-    }
-  )
+  fields.update(_objective_fields(config))
+  return _digest(fields, d.source)
+
+
+def _objective_fields(config: ml_collections.ConfigDict) -> dict[str, Any]:
+  return {
+    f'objective.{k}': v
+    for k, v in config.objective.to_dict().items()
+    if k not in LOSS_ONLY_FIELDS
+  }
+
+
+def _prepared_fields(config: ml_collections.ConfigDict, tokenizer):
+  """A prepared stream's fields: no host count, which it does not depend on.
+
+  Each corpus is named by its manifest's key (what was prepared, from
+  which files, with which tokenizer) and row count, not by its directory,
+  so a corpus copied elsewhere is the same stream.
+  """
+  d = config.data
+  corpora = []
+  for entry in prepared.parse_source(d.source):
+    manifest = records.read_manifest(entry.directory)
+    corpora.append(
+      [
+        entry.name,
+        round(entry.weight, 6),
+        manifest.get('key', ''),
+        manifest['splits']['train']['rows'],
+      ]
+    )
+  return {
+    'data.source': corpora,
+    'data.seq_len': d.seq_len,
+    'data.packing': d.packing,
+    'data.batch_size': d.batch_size,
+    'data.seed': d.seed,
+    'tokenizer.sha256': checkpoint.tokenizer_meta(tokenizer)['sha256'],
+    **_objective_fields(config),
+  }
+
+
+def _digest(fields: dict[str, Any], source: str) -> dict[str, Any]:
   # As a checkpoint stores them (tuples become lists), so they compare.
   fields = json.loads(json.dumps(fields, sort_keys=True, default=str))
   digest = hashlib.sha256(json.dumps(fields, sort_keys=True).encode())
   return {
     'fields': fields,
     'fingerprint': digest.hexdigest()[:16],
-    'source': d.source,
+    'source': source,
   }
 
 

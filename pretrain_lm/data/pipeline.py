@@ -15,8 +15,8 @@ import ml_collections
 import numpy as np
 import tensorflow as tf
 
-from pretrain_lm import objectives
-from pretrain_lm.data import sources
+from pretrain_lm import configlib, objectives
+from pretrain_lm.data import prepared, sources
 from pretrain_lm.data import tokenizer as tokenizer_lib
 from pretrain_lm.data.sources import no_autograph
 
@@ -298,7 +298,9 @@ def pack(
   rows = flagged.scan(tf.zeros([0], tf.int32), no_autograph(step))
   rows = rows.map(
     no_autograph(
-      lambda r: row_features(tf.ensure_shape(r, [None, row_len]), sep_id, pad_id)
+      lambda r: row_features(
+        tf.ensure_shape(r, [None, row_len]), sep_id, pad_id
+      )
     ),
     num_parallel_calls=_AUTOTUNE,
     deterministic=True,
@@ -353,8 +355,19 @@ def rows_per_epoch(
 
 
 def skipped_input(config: ml_collections.ConfigDict) -> dict[str, int]:
-  """Training documents data.bad_input='skip' dropped, per kind (metrics)."""
-  return sources.skipped_input(config.data)
+  """Training documents data.bad_input='skip' dropped, per kind (metrics).
+
+  A prepared source reports what its preparation skipped, summed over its
+  corpora.
+  """
+  if not prepared.is_prepared(config.data.source):
+    return sources.skipped_input(config.data)
+  counts = {}
+  for entry in prepared.parse_source(config.data.source):
+    manifest = prepared.Corpus.cached(entry).manifest
+    for k, n in manifest.get('bad_input_counts', {}).items():
+      counts[f'data/skipped_{k}'] = counts.get(f'data/skipped_{k}', 0) + n
+  return counts
 
 
 def _row_seed(data_seed: int, epoch, index) -> tf.Tensor:
@@ -430,6 +443,15 @@ def train_dataset(
   data_config = config.data
   batch = _per_host_batch(data_config, process_count)
   objective = objectives.OBJECTIVES[config.objective.name]
+  if prepared.is_prepared(data_config.source):
+    return _prepared_dataset(
+      config,
+      tokenizer,
+      split='train',
+      start_batch=start_batch,
+      process_index=process_index,
+      process_count=process_count,
+    )
   rows = _rows(
     config,
     tokenizer,
@@ -525,6 +547,8 @@ def eval_batches(
   data_config = config.data
   batch = _per_host_batch(data_config, process_count)
   objective = objectives.OBJECTIVES[config.objective.name]
+  if _eval_is_prepared(data_config):
+    return _prepared_eval(config, tokenizer, process_index, process_count)
   rows = _rows(
     config,
     tokenizer,
@@ -570,3 +594,148 @@ def eval_batches(
       'eval text.'
     )
   return batches
+
+
+def eval_source(data_config: ml_collections.ConfigDict) -> str:
+  """What evaluation reads: data.eval_source, or '' for data.source's own.
+
+  A prepared source has its own eval split; the bundled WikiText-2 test
+  file, the base config's default, is not used with one.
+  """
+  bundled = configlib.base_config().data.eval_source
+  if prepared.is_prepared(data_config.source) and (
+    data_config.eval_source in ('', bundled)
+  ):
+    return ''
+  return data_config.eval_source
+
+
+def _eval_is_prepared(data_config) -> bool:
+  return prepared.is_prepared(eval_source(data_config) or data_config.source)
+
+
+def prepared_stream(
+  config: ml_collections.ConfigDict, split: str = 'train'
+) -> prepared.Stream:
+  """The run's prepared corpora (data.source) as a stream, checked."""
+  d = config.data
+  source = d.source
+  if split == 'eval' and eval_source(d):
+    source = eval_source(d)
+  corpora = prepared.corpora(
+    config, row_length(config), split=split, source=source
+  )
+  return prepared.Stream(corpora, d.seed, split=split)
+
+
+def _prepared_dataset(
+  config: ml_collections.ConfigDict,
+  tokenizer: tokenizer_lib.Tokenizer,
+  *,
+  split: str,
+  start_batch: int = 0,
+  process_index: int = 0,
+  process_count: int = 1,
+  stream: prepared.Stream | None = None,
+  num_batches: int | None = None,
+) -> tf.data.Dataset:
+  """train_dataset (or an eval split) of prepared corpora, read by index."""
+  objective = objectives.OBJECTIVES[config.objective.name]
+  stream = stream or prepared_stream(config, split)
+  _check_prepared_tokenizer(stream, tokenizer)
+  partnered = objectives.needs_partner(objective, config.objective)
+  if partnered and config.data.batch_size < 2:
+    raise ValueError(
+      f'objective.sentence_task={config.objective.sentence_task!r} pairs '
+      'rows within a batch and needs data.batch_size >= 2.'
+    )
+
+  def transform(row, seed, partner=None):
+    kwargs = {'partner': partner} if partnered else {}
+    return objective.transform(
+      row, seed, config=config.objective, tokenizer=tokenizer, **kwargs
+    )
+
+  return prepared.dataset(
+    stream,
+    row_length=row_length(config),
+    features=lambda ids: row_features(ids, tokenizer.sep_id, tokenizer.pad_id),
+    transform=transform,
+    batch_size=config.data.batch_size,
+    start_batch=start_batch,
+    process_index=process_index,
+    process_count=process_count,
+    partnered=partnered,
+    num_batches=num_batches,
+    shuffled=split == 'train',
+  )
+
+
+def _check_prepared_tokenizer(stream: prepared.Stream, tokenizer) -> None:
+  """The run's tokenizer must be the one the rows were made with."""
+  # Imported here: checkpoint is heavy and only needed for its hash helper.
+  from pretrain_lm import checkpoint
+
+  sha = checkpoint.tokenizer_meta(tokenizer)['sha256']
+  for corpus in stream.corpora:
+    if corpus.manifest['tokenizer']['sha256'] != sha:
+      raise ValueError(
+        f'Prepared corpus {corpus.directory} was tokenized with tokenizer '
+        f'{corpus.manifest["tokenizer"]["sha256"][:12]}, but this run '
+        f'uses {tokenizer.path} ({sha[:12]}). Leave data.tokenizer empty '
+        "to use the corpus' own, or prepare the corpus with this one."
+      )
+
+
+def _prepared_eval(config, tokenizer, process_index, process_count):
+  """Eval batches of prepared corpora: {name: batches} per corpus.
+
+  Each corpus' eval split is read in stored order from its start: the
+  same rows and masks on every host count.
+  """
+  d = config.data
+  stream = prepared_stream(config, 'eval')
+  sets = {}
+  for corpus in stream.corpora:
+    one = prepared.Stream([corpus], d.seed, split='eval')
+    rows = corpus.num_rows('eval')
+    if rows < d.eval_batches * d.batch_size:
+      raise ValueError(
+        f'Prepared corpus {corpus.directory}: its eval split has {rows} '
+        f'rows, fewer than data.eval_batches={d.eval_batches} x '
+        f'data.batch_size={d.batch_size}: lower data.eval_batches.'
+      )
+    ds = _prepared_dataset(
+      config,
+      tokenizer,
+      split='eval',
+      process_index=process_index,
+      process_count=process_count,
+      stream=one,
+      num_batches=d.eval_batches,
+    )
+    sets[corpus.entry.name] = list(ds.as_numpy_iterator())
+  if len(sets) == 1:
+    return next(iter(sets.values()))
+  return sets
+
+
+def tokens_per_source(
+  config: ml_collections.ConfigDict, step: int
+) -> dict[str, int]:
+  """Row tokens each prepared corpus gave in steps [0, step) (metrics).
+
+  data/tokens_<name>: rows x row length, [PAD] included; {} for a raw
+  source, whose single stream is train/tokens already.
+  """
+  if not prepared.is_prepared(config.data.source):
+    return {}
+  entries = prepared.parse_source(config.data.source)
+  stream = prepared.Stream(
+    [prepared.Corpus.cached(e) for e in entries], config.data.seed
+  )
+  rows = stream.rows_read(step * config.data.batch_size)
+  return {
+    f'data/tokens_{e.name}': int(n) * row_length(config)
+    for e, n in zip(entries, rows, strict=True)
+  }

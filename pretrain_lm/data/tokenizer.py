@@ -36,7 +36,7 @@ import tensorflow as tf
 import tensorflow_text as tf_text
 from absl import logging
 
-from pretrain_lm.data import sources
+from pretrain_lm.data import prepared, records, sources
 
 SPECIAL_PIECES = {
   'pad': ('[PAD]', 0),
@@ -1467,13 +1467,20 @@ def setup_tokenizer(
   # the ids its checkpoints were trained with; (2) data.tokenizer, copied into
   # the workdir so the run stays self-contained; (3) a new one trained on
   # data.source.
+  # A prepared corpus brings the tokenizer its rows were made with.
+  given = data_config.tokenizer
+  if not given and data_config.source.strip().startswith(records.PREFIX):
+    given = os.path.join(
+      prepared.parse_source(data_config.source)[0].directory,
+      records.TOKENIZER_FILE,
+    )
   if not is_chief or tf.io.gfile.exists(path):
     tokenizer = load_tokenizer(path)
-  elif data_config.tokenizer:
-    tokenizer = load_tokenizer(data_config.tokenizer)
+  elif given:
+    tokenizer = load_tokenizer(given)
     _check_fits(tokenizer, vocab_size, reserved_ids)
     tf.io.gfile.makedirs(workdir)
-    tf.io.gfile.copy(data_config.tokenizer, path, overwrite=True)
+    tf.io.gfile.copy(given, path, overwrite=True)
     tokenizer = load_tokenizer(path)
   else:
     logging.info(
