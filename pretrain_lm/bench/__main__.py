@@ -20,7 +20,9 @@ Runs on whatever backend JAX finds, prints a table, then one JSON line.
   batch (bench/peer.py), one step of each in turn, so that a machine whose
   speed drifts slows both alike.
 - pipeline: tokens/s of the training input pipeline from raw text and from
-  cached token ids, per core, and the fraction of non-pad tokens.
+  cached token ids (or from a prepared corpus), per core, the fraction of
+  non-pad tokens, and first_batch_s: the time from building the stream at
+  --start_step to its first batch (what a resume there costs).
 - decode: a decoder's KV-cached generation against full recomputation.
 
 With --profile_dir=D the train run traces two more steps of ours under
@@ -74,6 +76,13 @@ _PEER = flags.DEFINE_enum(
 )
 _PIPELINE_BATCHES = flags.DEFINE_integer(
   'pipeline_batches', 100, 'Batches timed per pipeline variant.'
+)
+_START_STEP = flags.DEFINE_integer(
+  'start_step',
+  0,
+  'Pipeline: the step the stream starts at (a resume there); first_batch_s '
+  'is the time from building it to its first batch.',
+  lower_bound=0,
 )
 _DECODE_BATCHES = flags.DEFINE_list(
   'decode_batch_sizes', ['1', '32'], 'Batch sizes for --what=decode.'
@@ -256,6 +265,7 @@ def run_pipeline(config, workdir: str) -> dict:
     trainer.tokenizer,
     batches=_PIPELINE_BATCHES.value,
     model_flops_per_token=flops,
+    start_step=_START_STEP.value,
   )
   return result
 

@@ -15,7 +15,7 @@ import ml_collections
 import numpy as np
 
 from pretrain_lm import metrics as metrics_lib
-from pretrain_lm.data import pipeline
+from pretrain_lm.data import pipeline, prepared
 from pretrain_lm.data import tokenizer as tokenizer_lib
 
 
@@ -24,9 +24,20 @@ def cores() -> int:
   return len(os.sched_getaffinity(0))
 
 
-def drain(config, tokenizer, *, batches: int, skip: int) -> dict[str, float]:
-  """Tokens/s of `batches` batches after `skip` untimed ones."""
-  it = pipeline.train_dataset(config, tokenizer).as_numpy_iterator()
+def drain(
+  config, tokenizer, *, batches: int, skip: int, start_step: int = 0
+) -> dict[str, float]:
+  """Tokens/s of `batches` batches after `skip` untimed ones.
+
+  first_batch_s: from building the stream at `start_step` (a resume there)
+  to its first batch.
+  """
+  start = time.perf_counter()
+  it = pipeline.train_dataset(
+    config, tokenizer, start_batch=start_step
+  ).as_numpy_iterator()
+  next(it)
+  first_batch_s = time.perf_counter() - start
   for _ in range(skip):
     next(it)
   tokens = real = 0
@@ -43,8 +54,10 @@ def drain(config, tokenizer, *, batches: int, skip: int) -> dict[str, float]:
       )
   seconds = time.perf_counter() - start
   return {
+    'first_batch_s': first_batch_s,
     'tokens_per_s': tokens / seconds,
     'tokens_per_s_per_core': tokens / seconds / cores(),
+    'rows_per_s': batches * config.data.batch_size / seconds,
     'non_pad_fraction': real / tokens,
   }
 
@@ -55,13 +68,31 @@ def bench_pipeline(
   *,
   batches: int,
   model_flops_per_token: float,
+  start_step: int = 0,
 ) -> dict[str, Any]:
-  """Pipeline tokens/s (raw and cached ids) and the packing efficiency."""
+  """Pipeline tokens/s (raw and cached ids) and the packing efficiency.
+
+  A prepared source has no tokenizing to cache: its figures are the
+  first batch at `start_step` and tokens/s from there.
+  """
   batch_rows = config.data.batch_size
+  if prepared.is_prepared(config.data.source):
+    got = drain(
+      config, tokenizer, batches=batches, skip=2, start_step=start_step
+    )
+    return {
+      'cores': cores(),
+      'batch_size': batch_rows,
+      'seq_len': config.data.seq_len,
+      'start_step': start_step,
+      **got,
+      'model_flops_per_token': model_flops_per_token,
+      **_needed(model_flops_per_token),
+    }
   epoch_rows = pipeline.rows_per_epoch(config, tokenizer)
   epoch_batches = max(epoch_rows // batch_rows, 1)
   # A few batches warm tf.data's autotuner and the tokenizer up.
-  raw = drain(config, tokenizer, batches=batches, skip=2)
+  raw = drain(config, tokenizer, batches=batches, skip=2, start_step=start_step)
   cached_config = config.copy_and_resolve_references()
   cached_config.data.cache_tokens = True
   # The first epoch fills the cache; the timed batches are all after it.
@@ -73,18 +104,24 @@ def bench_pipeline(
     'batch_size': batch_rows,
     'seq_len': config.data.seq_len,
     'epoch_batches': epoch_batches,
+    'start_step': start_step,
+    'first_batch_s': raw['first_batch_s'],
     'raw_tokens_per_s': raw['tokens_per_s'],
     'raw_tokens_per_s_per_core': raw['tokens_per_s_per_core'],
     'cached_tokens_per_s': cached['tokens_per_s'],
     'cached_tokens_per_s_per_core': cached['tokens_per_s_per_core'],
     'non_pad_fraction': raw['non_pad_fraction'],
     'model_flops_per_token': model_flops_per_token,
+    **_needed(model_flops_per_token),
   }
-  # What one H100 would eat at the issue's 50% MFU target, from the
-  # datasheet: the pipeline must feed it from 8 host cores.
-  h100 = dict(metrics_lib.PEAK_FLOPS)['H100']
-  out['h100_tokens_per_s_at_50pct_mfu'] = 0.5 * h100 / model_flops_per_token
-  out['h100_tokens_per_s_per_8_cores_needed'] = (
-    out['h100_tokens_per_s_at_50pct_mfu'] / 8
-  )
   return out
+
+
+def _needed(model_flops_per_token: float) -> dict[str, float]:
+  """What one H100 eats at 50% MFU (datasheet peak), and per 8 host cores."""
+  h100 = dict(metrics_lib.PEAK_FLOPS)['H100']
+  eats = 0.5 * h100 / model_flops_per_token
+  return {
+    'h100_tokens_per_s_at_50pct_mfu': eats,
+    'h100_tokens_per_s_per_8_cores_needed': eats / 8,
+  }
