@@ -856,15 +856,13 @@ class Trainer:
     """The train batches from `step` to the end of its seq-len stage.
 
     Returns (iterator, the stage's end step, its global batch shapes). The
-    stage's stream starts at its own first batch (or, after a resume with
-    data.allow_changed, at data_start_step), so the batch at `step` only
-    depends on the step: a resumed run reads what it would have.
+    batch at `step` only depends on the step (pipeline.stage_at): a
+    resumed run reads what it would have.
     """
-    begin, end, seq_len = next(
-      s for s in pipeline.seq_len_stages(self.config) if s[0] <= step < s[1]
+    _, end, seq_len, start_batch = pipeline.stage_at(
+      self.config, step, self.data_start_step
     )
     cfg = self.config
-    start_batch = step - max(begin, self.data_start_step)
     if seq_len == cfg.data.seq_len and start_batch == 0:
       ds = self._fresh_stream  # what __init__ built, from its first batch
     else:

@@ -345,6 +345,18 @@ def test_seq_len_stages():
   ]
   c.data.seq_len_schedule = ''
   assert pipeline.seq_len_stages(c) == [(0, 1000, 512)]
+  # Each stage reads on from the tokens the stages before it read.
+  c.data.seq_len_schedule = '0.5:64, 0.75:128'
+  assert [pipeline.stage_at(c, s)[3] for s in (0, 499, 500, 750, 999)] == [
+    0,
+    499,
+    500 * 64 // 128,
+    (500 * 64 + 250 * 128) // 512,
+    (500 * 64 + 250 * 128) // 512 + 249,
+  ]
+  # A stream started at step 600 (data.allow_changed) counts from there.
+  assert pipeline.stage_at(c, 750, 600)[3] == 150 * 128 // 512
+  assert pipeline.stage_at(c, 650, 600)[3] == 50
   for bad in ('0.9:1024', '1.0:128', '0.9', 'x:128', '0.5:64,0.25:128'):
     c.data.seq_len_schedule = bad
     with pytest.raises(ValueError, match='data.seq_len_schedule'):
@@ -373,6 +385,12 @@ def test_seq_len_schedule_switches_and_resumes_exactly(
   c.train.num_steps = c.train.eval_every = 4
   c.train.log_every, c.checkpoint.every = 1, 3
   straight = str(tmp_path / 'straight')
+  trainer = make_trainer(c, straight)
+  # The second stage reads on from the first's 2 x 32-token batches: its
+  # first batch is batch 1 of the 64-token stream, not batch 0.
+  got = next(trainer._stage_data(2)[0])
+  stream = pipeline.train_iterator(c, trainer.tokenizer, start_batch=1)
+  np.testing.assert_array_equal(got['input_ids'], next(stream)['input_ids'])
   lengths, want = run_recording_shapes(c, straight)
   assert lengths == [32, 32, 64, 64]
   # pretrain_lm.load builds its input from the longest stage.

@@ -61,10 +61,13 @@ def data_stream(
     'data.eval_holdout_every': 0 if d.eval_source else d.eval_holdout_every,
     'data.packing': d.packing,
     'data.seq_len': d.seq_len,
-    # Resolved to [first step, row length] per stage: they move with
-    # train.num_steps.
+    # Resolved to [first step, row length, first batch] per stage: they
+    # move with train.num_steps.
     'data.seq_len_schedule': (
-      [[s[0], s[2]] for s in pipeline.seq_len_stages(config)]
+      [
+        [begin, length, pipeline.stage_at(config, begin)[3]]
+        for begin, _, length in pipeline.seq_len_stages(config)
+      ]
       if d.seq_len_schedule
       else ''
     ),

@@ -81,6 +81,32 @@ def seq_len_stages(config: ml_collections.ConfigDict) -> list[tuple]:
   return [s for s in stages if s[1] > s[0]]
 
 
+def stage_at(
+  config: ml_collections.ConfigDict, step: int, data_start_step: int = 0
+) -> tuple[int, int, int, int]:
+  """The seq-len stage of `step`: (begin, end, seq_len, start batch).
+
+  A stage reads on through the corpus from where the stages before it
+  left it, rather than from its start: its stream (rows of its own length)
+  begins at the batch that holds as many tokens as those stages read. The
+  start batch is that of `step`. `data_start_step` is where the run's
+  stream began (data.allow_changed): stages read nothing before it.
+  """
+  stages = seq_len_stages(config)
+  begin, end, seq_len = next(s for s in stages if s[0] <= step < s[1])
+  read = sum(
+    (e - max(b, data_start_step)) * length
+    for b, e, length in stages
+    if e <= begin and e > data_start_step
+  )
+  return (
+    begin,
+    end,
+    seq_len,
+    read // seq_len + step - max(begin, data_start_step),
+  )
+
+
 def tokenize(
   docs: tf.data.Dataset, tokenizer: tokenizer_lib.Tokenizer
 ) -> tf.data.Dataset:
