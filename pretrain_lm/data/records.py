@@ -57,7 +57,9 @@ def encode_row(input_ids: np.ndarray, doc_offsets: list[int]) -> bytes:
     ),
   }
   example = tf.train.Example(features=tf.train.Features(feature=feature))
-  return example.SerializeToString()
+  # Sorted map keys: the default order varies between processes, and
+  # shards must be the same bytes however they were made.
+  return example.SerializeToString(deterministic=True)
 
 
 def parse_rows(serialized: tf.Tensor, row_length: int) -> tf.Tensor:
