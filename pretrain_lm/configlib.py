@@ -14,6 +14,10 @@ import ml_collections
 
 # The corpus bundled in the package (pretrain_lm/data/corpora/README.md).
 CORPUS_DIR = os.path.join(os.path.dirname(__file__), 'data', 'corpora')
+# The default corpus: WikiText-2's validation text to train, its test text to
+# evaluate.
+BUNDLED_SOURCE = os.path.join(CORPUS_DIR, 'wikitext-2', 'valid.txt')
+BUNDLED_EVAL = os.path.join(CORPUS_DIR, 'wikitext-2', 'test.txt')
 # checkpoint.on_corrupt: stop, or fall back to the next older checkpoint.
 ON_CORRUPT = ('fail', 'previous')
 # checkpoint.best_mode: the best checkpoint has the lowest or highest metric.
@@ -223,11 +227,12 @@ def base_config() -> ml_collections.ConfigDict:
   c.data = ml_collections.ConfigDict()
   # Comma-separated local paths/globs, or 'tfds:name[/config][:version]'. A
   # local path may end in a slice of each file's characters: 'a.txt[:90%]'.
-  c.data.source = os.path.join(CORPUS_DIR, 'wikitext-2', 'valid.txt')
+  c.data.source = BUNDLED_SOURCE
   # Held-out text for evaluation; '' holds out every `eval_holdout_every`-th
-  # document of `source` instead (and trains on the rest). A prepared
-  # source evaluates on its own eval split unless this names another.
-  c.data.eval_source = os.path.join(CORPUS_DIR, 'wikitext-2', 'test.txt')
+  # document of `source` instead (and trains on the rest). The default
+  # goes with the default source only: with another source (a prepared
+  # one: its own eval split) '' applies (sources.eval_source).
+  c.data.eval_source = BUNDLED_EVAL
   c.data.eval_holdout_every = 100
   # 'line': a document per line; 'blank_line'; 'file': one per file.
   c.data.doc_format = 'line'

@@ -340,10 +340,11 @@ def check_config(config: ml_collections.ConfigDict) -> None:
   if prepared.is_prepared(d.source):
     # Manifests and shard sizes, the row length, packing and tokenizer.
     pipeline.prepared_stream(config, 'train')
-  if prepared.is_prepared(d.eval_source or d.source):
+  evaluated = sources.eval_source(d)
+  if prepared.is_prepared(evaluated or d.source):
     pipeline.prepared_stream(config, 'eval')
   if not prepared.is_prepared(d.source) or (
-    d.eval_source and not prepared.is_prepared(d.eval_source)
+    evaluated and not prepared.is_prepared(evaluated)
   ):
     # Scans local files once (the pipeline reuses the scan): data.bad_input.
     sources.check_sources(d)

@@ -106,8 +106,12 @@ def test_fingerprint_follows_the_stream_not_paths_or_eval(trained, tmp_path):
   moved = tmp_path / 'elsewhere' / os.path.basename(c.data.source)
   moved.parent.mkdir()
   shutil.copy(c.data.source, moved)
+  # With another source the bundled eval file stands for a hold-out of it
+  # (sources.eval_source): the copy keeps an eval file of its own.
+  moved_eval = moved.parent / 'test.txt'
+  shutil.copy(c.data.eval_source, moved_eval)
   for same in (
-    {'data.source': str(moved)},
+    {'data.source': str(moved), 'data.eval_source': str(moved_eval)},
     {'data.eval_batches': 3, 'train.num_steps': 1000},
     {'objective.disc_weight': 1.0},
   ):
@@ -121,11 +125,17 @@ def test_fingerprint_follows_the_stream_not_paths_or_eval(trained, tmp_path):
   schedule = {'data.seq_len_schedule': '0.5:32'}
   a = stream(**schedule)['fields']['data.seq_len_schedule']
   b = stream(**schedule, **{'train.num_steps': 4 * STEPS})
-  assert a == [[0, 32], [STEPS, 64]]
-  assert b['fields']['data.seq_len_schedule'] == [[0, 32], [2 * STEPS, 64]]
+  # [first step, row length, first batch]: the second stage reads on from
+  # the first's tokens.
+  assert a == [[0, 32, 0], [STEPS, 64, STEPS // 2]]
+  assert b['fields']['data.seq_len_schedule'] == [
+    [0, 32, 0],
+    [2 * STEPS, 64, STEPS],
+  ]
 
 
 WIKI_TEST = os.path.join(configlib.CORPUS_DIR, 'wikitext-2', 'test.txt')
+WIKI_VALID = os.path.join(configlib.CORPUS_DIR, 'wikitext-2', 'valid.txt')
 
 
 @pytest.mark.parametrize(
@@ -133,7 +143,12 @@ WIKI_TEST = os.path.join(configlib.CORPUS_DIR, 'wikitext-2', 'test.txt')
   [
     ({'data.seq_len': 32}, 'data.seq_len: 64 -> 32'),
     ({'data.seed': 1}, 'data.seed: 0 -> 1'),
-    ({'data.source': WIKI_TEST}, "(data.source was '"),
+    # Another source with the bundled eval file: that file stands for a
+    # hold-out of the new source (sources.eval_source).
+    (
+      {'data.source': WIKI_TEST, 'data.eval_source': WIKI_VALID},
+      "(data.source was '",
+    ),
   ],
 )
 def test_resume_with_a_changed_stream_fails_naming_it(

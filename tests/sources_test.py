@@ -139,6 +139,20 @@ def test_eval_source_replaces_holdout(numbered, tmp_path):
   assert len(_docs(config, 'train')) == 25
 
 
+def test_the_bundled_eval_file_goes_with_the_bundled_source_only(numbered):
+  # Another source with the default eval_source holds out of that source
+  # instead of evaluating on WikiText-2's test file.
+  config = _data_config(
+    numbered, eval_source=configlib.BUNDLED_EVAL, eval_holdout_every=4
+  )
+  assert sources.eval_source(config) == ''
+  assert _docs(config, 'eval') == [f'doc {i}' for i in (3, 7, 11, 15, 19, 23)]
+  default = configlib.base_config().data
+  assert sources.eval_source(default) == configlib.BUNDLED_EVAL
+  explicit = _data_config(numbered, eval_source=numbered)
+  assert sources.eval_source(explicit) == str(numbered)
+
+
 def test_holdout_every_must_leave_training_data(numbered):
   with pytest.raises(ValueError, match='data.eval_holdout_every'):
     _docs(_data_config(numbered, eval_holdout_every=1))

@@ -58,7 +58,9 @@ def data_stream(
   fields = {
     'data.source': d.source if tfds else _files_identity(d.source),
     # Without an eval source, every n-th document is held out of training.
-    'data.eval_holdout_every': 0 if d.eval_source else d.eval_holdout_every,
+    'data.eval_holdout_every': (
+      0 if sources.eval_source(d) else d.eval_holdout_every
+    ),
     'data.packing': d.packing,
     'data.seq_len': d.seq_len,
     # Resolved to [first step, row length, first batch] per stage: they

@@ -15,7 +15,7 @@ import ml_collections
 import numpy as np
 import tensorflow as tf
 
-from pretrain_lm import configlib, objectives
+from pretrain_lm import objectives
 from pretrain_lm.data import prepared, sources
 from pretrain_lm.data import tokenizer as tokenizer_lib
 from pretrain_lm.data.sources import no_autograph
@@ -612,7 +612,7 @@ def eval_batches(
   if len(batches) < data_config.eval_batches:
     # Every host must run the same number of eval steps, so a short eval
     # split is an error rather than fewer batches.
-    source = data_config.eval_source or data_config.source
+    source = sources.eval_source(data_config) or data_config.source
     raise ValueError(
       f'The eval split ({source!r}) gives {len(batches)} batches of '
       f'{batch} rows on this host, fewer than data.eval_batches='
@@ -622,22 +622,9 @@ def eval_batches(
   return batches
 
 
-def eval_source(data_config: ml_collections.ConfigDict) -> str:
-  """What evaluation reads: data.eval_source, or '' for data.source's own.
-
-  A prepared source has its own eval split; the bundled WikiText-2 test
-  file, the base config's default, is not used with one.
-  """
-  bundled = configlib.base_config().data.eval_source
-  if prepared.is_prepared(data_config.source) and (
-    data_config.eval_source in ('', bundled)
-  ):
-    return ''
-  return data_config.eval_source
-
-
 def _eval_is_prepared(data_config) -> bool:
-  return prepared.is_prepared(eval_source(data_config) or data_config.source)
+  source = sources.eval_source(data_config) or data_config.source
+  return prepared.is_prepared(source)
 
 
 def prepared_stream(
@@ -646,8 +633,8 @@ def prepared_stream(
   """The run's prepared corpora (data.source) as a stream, checked."""
   d = config.data
   source = d.source
-  if split == 'eval' and eval_source(d):
-    source = eval_source(d)
+  if split == 'eval' and sources.eval_source(d):
+    source = d.eval_source
   corpora = prepared.corpora(
     config, row_length(config), split=split, source=source
   )

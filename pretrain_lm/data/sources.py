@@ -461,6 +461,22 @@ def check_source(
   _checked_files(data_config, source, field)
 
 
+def eval_source(data_config: ml_collections.ConfigDict) -> str:
+  """What evaluation reads: data.eval_source, or '' for a hold-out.
+
+  The base config's eval_source, the bundled WikiText-2 test file, goes
+  with its bundled source only: with another data.source it stands for ''
+  (every data.eval_holdout_every-th document of that source, or a prepared
+  corpus' own eval split), never a silent evaluation on WikiText-2.
+  """
+  if (
+    data_config.eval_source == configlib.BUNDLED_EVAL
+    and data_config.source != configlib.BUNDLED_SOURCE
+  ):
+    return ''
+  return data_config.eval_source
+
+
 def check_sources(data_config: ml_collections.ConfigDict) -> None:
   """check_source for data.source and, where set, data.eval_source."""
   if data_config.doc_format not in DOC_FORMATS:
@@ -469,7 +485,7 @@ def check_sources(data_config: ml_collections.ConfigDict) -> None:
     )
   data_dir = data_config.tfds_data_dir
   for field in ('source', 'eval_source'):
-    if field == 'source' or data_config.eval_source:
+    if field == 'source' or eval_source(data_config):
       check_source(
         data_config[field],
         f'data.{field}',
@@ -599,8 +615,9 @@ def documents(
   Args:
     data_config: the config's `data` section.
     split: 'train' reads data.source; 'eval' reads data.eval_source, or,
-      where that is '', every data.eval_holdout_every-th document of
-      data.source (which 'train' then leaves out).
+      where that is '' (see eval_source), every
+      data.eval_holdout_every-th document of data.source (which 'train'
+      then leaves out).
     process_index: this host's index.
     process_count: the number of hosts; host i gets documents j with
       j % process_count == i.
@@ -610,7 +627,7 @@ def documents(
   """
   if split not in SPLITS:
     raise ValueError(f'split={split!r} is not one of {SPLITS}.')
-  holdout = not data_config.eval_source
+  holdout = not eval_source(data_config)
   if split == 'eval' and not holdout:
     source, field = data_config.eval_source, 'data.eval_source'
     tfds_split = data_config.tfds_eval_split
