@@ -955,7 +955,9 @@ class Trainer:
         pending = None
       if log_now:
         # Bad input data.bad_input='skip' dropped (per epoch; cached).
-        skipped = pipeline.skipped_input(cfg)
+        skipped = pipeline.skipped_input(
+          cfg, jax.process_index(), jax.process_count()
+        )
         # A prepared mixture's share so far, per corpus.
         shares = pipeline.tokens_per_source(cfg, step - self.data_start_step)
         writer.write(

@@ -347,7 +347,8 @@ def check_config(config: ml_collections.ConfigDict) -> None:
     evaluated and not prepared.is_prepared(evaluated)
   ):
     # Scans local files once (the pipeline reuses the scan): data.bad_input.
-    sources.check_sources(d)
+    # This host's files only (sources.host_files).
+    sources.check_sources(d, jax.process_index(), jax.process_count())
   if d.tokenizer and not tf.io.gfile.exists(d.tokenizer):
     raise FileNotFoundError(
       f'data.tokenizer: no tokenizer file at {d.tokenizer!r}.'

@@ -1,5 +1,7 @@
 """Tests for pretrain_lm.data.sources."""
 
+import os
+
 import ml_collections
 import pytest
 import tensorflow as tf
@@ -170,10 +172,34 @@ def test_host_shards_partition_the_split(numbered, split):
     assert shard == everything[i::3]
 
 
-def test_iter_texts(numbered):
+def test_iter_texts_samples_the_whole_training_split(numbered):
   config = _data_config(numbered, eval_holdout_every=5)
+  train = _docs(config, 'train')
   texts = list(sources.iter_texts(config, limit=6))
-  assert texts == ['doc 0', 'doc 1', 'doc 2', 'doc 3', 'doc 5', 'doc 6']
+  # Training documents only, in stream order, not the first six.
+  assert len(set(texts)) == 6 and set(texts) <= set(train)
+  assert texts == sorted(texts, key=train.index)
+  assert texts != train[:6]
+  assert list(sources.iter_texts(config, limit=6)) == texts  # seeded
+  config.seed = 1
+  assert list(sources.iter_texts(config, limit=6)) != texts
+  assert list(sources.iter_texts(config, limit=100)) == train
+
+
+def test_iter_texts_reads_windows_of_a_large_source(tmp_path, monkeypatch):
+  # Past _SAMPLE_WHOLE_BYTES, documents come from windows at random
+  # offsets of every file, not the head of the first.
+  monkeypatch.setattr(sources, '_SAMPLE_WHOLE_BYTES', 1000)
+  for name in 'ab':
+    lines = [f'{name} line {i} ' + 'x' * 40 for i in range(20000)]
+    (tmp_path / f'{name}.txt').write_text('\n'.join(lines) + '\n')
+  config = _data_config(f'{tmp_path}/*.txt')
+  texts = list(sources.iter_texts(config, limit=500))
+  assert len(texts) == 500
+  files = {t.split()[0] for t in texts}
+  numbers = [int(t.split()[2]) for t in texts]
+  assert files == {'a', 'b'} and max(numbers) > 15000 and min(numbers) < 5000
+  assert all(t.endswith('x' * 40) for t in texts)  # whole lines only
 
 
 def test_unknown_tfds_dataset(tmp_path):
@@ -512,8 +538,36 @@ def test_python_scan_and_tf_filter_agree(doc):
   assert bool(sources._is_text(tf.constant(doc), 200)) == want
 
 
-def test_bad_input_skipped_before_host_sharding(corpus):
+def test_hosts_scan_and_read_only_their_own_files(corpus, monkeypatch):
+  # 5 files, 2 hosts: host i has files i, i + 2, ... and scans no other.
   config = _bad_config(corpus)
+  everything = _docs(config)
+  names = sorted(p.name for p in corpus.iterdir())
+  scanned = []
+  real_scan = sources._scan_file
+  monkeypatch.setattr(
+    sources,
+    '_scan_file',
+    lambda file, *a: scanned.append(file.path) or real_scan(file, *a),
+  )
+  sources._SCANS.clear()
+  shards = []
+  for i in range(2):
+    scanned.clear()
+    sources.check_sources(config, process_index=i, process_count=2)
+    mine = names[i::2]
+    assert sorted(os.path.basename(p) for p in scanned) == mine
+    shards.append(_docs(config, 'train', i, 2))
+    alone = _bad_config(corpus)
+    alone.source = ','.join(str(corpus / n) for n in mine)
+    assert shards[-1] == _docs(alone)
+  assert sorted(sum(shards, [])) == sorted(everything)
+
+
+def test_bad_input_skipped_before_host_sharding(corpus):
+  # One file, fewer than the hosts: the hosts share its documents.
+  config = _bad_config(corpus)
+  config.source = str(corpus / 'b_mixed.txt')
   everything = _docs(config)
   shards = [_docs(config, 'train', i, 2) for i in range(2)]
   assert shards == [everything[0::2], everything[1::2]]

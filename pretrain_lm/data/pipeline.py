@@ -380,14 +380,18 @@ def rows_per_epoch(
   return _count(rows)
 
 
-def skipped_input(config: ml_collections.ConfigDict) -> dict[str, int]:
+def skipped_input(
+  config: ml_collections.ConfigDict,
+  process_index: int = 0,
+  process_count: int = 1,
+) -> dict[str, int]:
   """Training documents data.bad_input='skip' dropped, per kind (metrics).
 
   A prepared source reports what its preparation skipped, summed over its
   corpora.
   """
   if not prepared.is_prepared(config.data.source):
-    return sources.skipped_input(config.data)
+    return sources.skipped_input(config.data, process_index, process_count)
   counts = {}
   for entry in prepared.parse_source(config.data.source):
     manifest = prepared.Corpus.cached(entry).manifest

@@ -20,6 +20,7 @@ from collections.abc import Iterable, Iterator
 from typing import NamedTuple
 
 import ml_collections
+import numpy as np
 import tensorflow as tf
 from absl import logging
 
@@ -324,6 +325,7 @@ class _Checked(NamedTuple):
   counts: dict[str, int]
   filter_docs: bool  # some kept file holds bad documents to drop
   max_doc_bytes: int
+  by_file: bool  # the hosts share the files, not the documents (host_files)
 
 
 def _summary(counts: dict[str, int]) -> str:
@@ -331,10 +333,29 @@ def _summary(counts: dict[str, int]) -> str:
   return ', '.join(parts) or 'nothing'
 
 
+def host_files(
+  files: list, process_index: int, process_count: int
+) -> tuple[list, bool]:
+  """This host's share of a source's files, and whether it is by file.
+
+  With at least as many files as hosts, host i reads files i, i + P, ...
+  and nothing else. With fewer, every host reads every file and keeps
+  its share of the documents (`documents`); a corpus too big for that is
+  prepared instead (pretrain_lm.data.prepare).
+  """
+  if process_count > 1 and len(files) >= process_count:
+    return files[process_index::process_count], True
+  return files, False
+
+
 def _checked_files(
-  data_config: ml_collections.ConfigDict, source: str, field: str
+  data_config: ml_collections.ConfigDict,
+  source: str,
+  field: str,
+  process_index: int = 0,
+  process_count: int = 1,
 ) -> _Checked:
-  """Scans `source`'s files and applies data.bad_input to what is bad."""
+  """Scans this host's files of `source`; applies data.bad_input."""
   # Configs saved before these fields existed (old workdirs) get defaults.
   defaults = configlib.base_config().data
   policy = data_config.get('bad_input', defaults.bad_input)
@@ -348,7 +369,9 @@ def _checked_files(
       f'data.doc_format={data_config.doc_format!r} is not one of {DOC_FORMATS}.'
     )
   counts, kept, filter_docs = dict.fromkeys(BAD_INPUT, 0), [], False
-  files = _match_files(source, field)
+  files, by_file = host_files(
+    _match_files(source, field), process_index, process_count
+  )
   for file in files:
     scan = _cached_scan(file, data_config.doc_format, limit)
     fatal = [(o, k) for o, k in scan.faults if k in _FATAL]
@@ -371,7 +394,7 @@ def _checked_files(
       f'{field}={source!r} has no usable text: its {len(files)} file(s) '
       f'gave only bad input ({_summary(counts)}).'
     )
-  return _Checked(kept, counts, filter_docs, limit)
+  return _Checked(kept, counts, filter_docs, limit, by_file)
 
 
 _WARNED: set[tuple] = set()
@@ -390,18 +413,32 @@ def _warn_skipped(checked: _Checked, field: str) -> None:
     )
 
 
-def skipped_input(data_config: ml_collections.ConfigDict) -> dict[str, int]:
+def skipped_input(
+  data_config: ml_collections.ConfigDict,
+  process_index: int = 0,
+  process_count: int = 1,
+) -> dict[str, int]:
   """data.source's skipped documents per category, for the metrics.
 
-  Per epoch over all hosts' files, as scanned when the source was first
-  read; {} for a TFDS source.
+  Per epoch over the files this process reads (process 0 logs them), as
+  scanned when the source was first read; {} for a TFDS source.
   """
   if _is_tfds(data_config.source):
     return {}
   # Cached: the loop asks at every log step, and globbing is not free.
-  key = tuple(data_config.get(k) for k in _SKIPPED_KEY)
+  key = (
+    *(data_config.get(k) for k in _SKIPPED_KEY),
+    process_index,
+    process_count,
+  )
   if key not in _SKIPPED:
-    checked = _checked_files(data_config, data_config.source, 'data.source')
+    checked = _checked_files(
+      data_config,
+      data_config.source,
+      'data.source',
+      process_index,
+      process_count,
+    )
     _SKIPPED[key] = {f'data/skipped_{k}': n for k, n in checked.counts.items()}
   return dict(_SKIPPED[key])
 
@@ -439,6 +476,8 @@ def check_source(
   *,
   tfds_data_dir: str = '',
   data_config: ml_collections.ConfigDict | None = None,
+  process_index: int = 0,
+  process_count: int = 1,
 ) -> None:
   """Fails fast, before any compilation, if `source` cannot give documents.
 
@@ -448,6 +487,8 @@ def check_source(
     tfds_data_dir: where TFDS datasets are prepared ('' for TFDS' default).
     data_config: the `data` section whose doc_format, bad_input and
       max_doc_bytes apply to local files (default: base_config's).
+    process_index: this host: only its files are scanned (host_files).
+    process_count: the number of hosts.
   """
   if not source.strip():
     raise ValueError(f'{field} is empty; name text files or a TFDS dataset.')
@@ -456,9 +497,10 @@ def check_source(
     return
   if data_config is None:
     data_config = configlib.base_config().data
-  # Scans every file once (cached for the pipeline): fails now on bad input
-  # under data.bad_input='fail', and on a source with no usable text.
-  _checked_files(data_config, source, field)
+  # Scans this host's files once (cached for the pipeline): fails now on
+  # bad input under data.bad_input='fail', and on a source with no usable
+  # text.
+  _checked_files(data_config, source, field, process_index, process_count)
 
 
 def eval_source(data_config: ml_collections.ConfigDict) -> str:
@@ -477,7 +519,11 @@ def eval_source(data_config: ml_collections.ConfigDict) -> str:
   return data_config.eval_source
 
 
-def check_sources(data_config: ml_collections.ConfigDict) -> None:
+def check_sources(
+  data_config: ml_collections.ConfigDict,
+  process_index: int = 0,
+  process_count: int = 1,
+) -> None:
   """check_source for data.source and, where set, data.eval_source."""
   if data_config.doc_format not in DOC_FORMATS:
     raise ValueError(
@@ -491,6 +537,8 @@ def check_sources(data_config: ml_collections.ConfigDict) -> None:
         f'data.{field}',
         tfds_data_dir=data_dir,
         data_config=data_config,
+        process_index=process_index,
+        process_count=process_count,
       )
 
 
@@ -619,7 +667,8 @@ def documents(
       data.eval_holdout_every-th document of data.source (which 'train'
       then leaves out).
     process_index: this host's index.
-    process_count: the number of hosts; host i gets documents j with
+    process_count: the number of hosts; host i reads files i, i + P, ...
+      where there are at least P files (host_files), else documents j with
       j % process_count == i.
 
   Returns:
@@ -647,14 +696,16 @@ def documents(
     )
     shard = False
   else:
-    checked = _checked_files(data_config, source, field)
+    checked = _checked_files(
+      data_config, source, field, process_index, process_count
+    )
     _warn_skipped(checked, field)
     docs = _file_documents(
       checked.files,
       data_config.doc_format,
       checked.max_doc_bytes if checked.filter_docs else None,
     )
-    shard = True
+    shard = not checked.by_file
   if holdout:
     in_eval = split == 'eval'
     docs = (
@@ -668,10 +719,70 @@ def documents(
   return docs
 
 
+# Sources up to this size are read whole to sample a tokenizer's documents;
+# larger ones are sampled in windows at random offsets.
+_SAMPLE_WHOLE_BYTES = 256 << 20
+_WINDOW_BYTES = 1 << 16
+_DOCS_PER_WINDOW = 64
+
+
 def iter_texts(
   data_config: ml_collections.ConfigDict, *, limit: int
 ) -> Iterator[str]:
-  """Up to `limit` training documents, all hosts' (to train a tokenizer)."""
+  """Up to `limit` training documents sampled across all files (tokenizer).
+
+  A sample of the whole source, seeded by data.seed, not its first
+  documents in file order: a source up to _SAMPLE_WHOLE_BYTES is read
+  whole and `limit` of its training documents drawn (in stream order);
+  a larger one is read in windows of _WINDOW_BYTES at random offsets,
+  files weighted by size, so that a TB corpus costs a few hundred MB of
+  reads. A TFDS source gives its first `limit` documents.
+  """
+  rng = np.random.default_rng(data_config.seed)
+  if _is_tfds(data_config.source):
+    docs = documents(
+      data_config, split='train', process_index=0, process_count=1
+    ).take(limit)
+    yield from (d.decode('utf-8') for d in docs.as_numpy_iterator())
+    return
+  # Sizes only: a large source is never scanned whole for this.
+  files = _match_files(data_config.source, 'data.source')
+  sizes = [tf.io.gfile.stat(f.path).length for f in files]
+  if sum(sizes) > _SAMPLE_WHOLE_BYTES and data_config.doc_format != 'file':
+    yield from _window_texts(files, sizes, data_config, limit, rng)
+    return
   docs = documents(data_config, split='train', process_index=0, process_count=1)
-  for doc in docs.take(limit).as_numpy_iterator():
-    yield doc.decode('utf-8')
+  texts = [d.decode('utf-8') for d in docs.as_numpy_iterator()]
+  if len(texts) > limit:
+    keep = np.sort(rng.choice(len(texts), size=limit, replace=False))
+    texts = [texts[i] for i in keep]
+  yield from texts
+
+
+def _window_texts(files, sizes, data_config, limit, rng) -> Iterator[str]:
+  """`limit` documents from windows at random byte offsets of the files.
+
+  A window drops its first, partial document; its documents pass the same
+  bad-input test as the pipeline's (_fault).
+  """
+  probs = np.asarray(sizes, np.float64) / sum(sizes)
+  blank = data_config.doc_format == 'blank_line'
+  max_doc_bytes = data_config.max_doc_bytes
+  found = 0
+  for _ in range(-(-limit // _DOCS_PER_WINDOW) * 4):  # bounded attempts
+    i = int(rng.choice(len(sizes), p=probs))
+    file, size = files[i], sizes[i]
+    lo, hi = size * file.start // 100, size * file.stop // 100
+    offset = int(rng.integers(lo, max(lo + 1, hi - _WINDOW_BYTES)))
+    with tf.io.gfile.GFile(file.path, 'rb') as f:
+      f.seek(offset)
+      window = f.read(min(_WINDOW_BYTES, hi - offset))
+    separator = b'\n\n' if blank else b'\n'
+    pieces = window.split(separator)[1:-1]  # whole documents only
+    for piece in pieces[:_DOCS_PER_WINDOW]:
+      doc = piece.strip()
+      if doc and _fault(doc, max_doc_bytes) is None:
+        yield doc.decode('utf-8')
+        found += 1
+        if found == limit:
+          return
