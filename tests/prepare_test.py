@@ -300,3 +300,56 @@ def test_row_encoder_writes_records_encode_row_bytes():
     ids = rng.integers(0, 1 << 20, size=SEQ_LEN)
     offsets = rng.integers(0, 1 << 40, size=n).tolist()
     assert encode(ids, offsets) == records.encode_row(ids, offsets)
+
+
+class _FakeBuilder:
+  """A prepared TFDS builder of given texts (preparing needs the network)."""
+
+  def __init__(self, texts_by_split):
+    self.texts_by_split = texts_by_split
+    self.info = type('Info', (), {'features': {'text': None}})
+
+  def is_prepared(self):
+    return True
+
+  def as_dataset(self, *, split, shuffle_files, read_config):
+    return tf.data.Dataset.from_tensor_slices(
+      {'text': self.texts_by_split[str(split)]}
+    )
+
+
+def test_tfds_pieces(tokenizer_path, tmp_path, monkeypatch):
+  import tensorflow_datasets as tfds
+
+  pieces = [
+    str(tfds.split_for_jax_process('train', process_index=i, process_count=2))
+    for i in range(2)
+  ]
+  texts = {
+    pieces[0]: ['the first text.', '  ', ' of piece zero '] * 3,
+    pieces[1]: ['piece one says this', 'and that'],
+  }
+  monkeypatch.setattr(
+    tfds, 'builder', lambda name, data_dir: _FakeBuilder(texts)
+  )
+  config = _config(tokenizer_path, 'tfds:fake', 'doc_sentences')
+  config.data.eval_holdout_every = 2
+  manifest = _prepare(config, tmp_path, tfds_pieces=2)
+  tok = tokenizer_lib.load_tokenizer(tokenizer_path)
+  for i, piece in enumerate(pieces):
+    docs = [(n, t.strip()) for n, t in enumerate(texts[piece]) if t.strip()]
+    for split, held in (('train', False), ('eval', True)):
+      shard = manifest['splits'][split]['shards'][i]
+      assert shard['input'] == {
+        'path': 'tfds:fake',
+        'split': piece,
+        'start': 0,
+        'stop': len(texts[piece]),
+      }
+      mine = [d for k, d in enumerate(docs) if ((k + 1) % 2 == 0) == held]
+      rows = _rows(tmp_path / shard['file'])
+      assert [r['input_ids'] for r in rows] == _packed(
+        [t for _, t in mine], tok, 'doc_sentences'
+      )
+      # Example indices in the piece: one document per 'doc_sentences' row.
+      assert [r['doc_offsets'] for r in rows] == [[n] for n, _ in mine]
