@@ -634,7 +634,12 @@ def _eval_is_prepared(data_config) -> bool:
 def prepared_stream(
   config: ml_collections.ConfigDict, split: str = 'train'
 ) -> prepared.Stream:
-  """The run's prepared corpora (data.source) as a stream, checked."""
+  """The run's prepared corpora (data.source) as a stream, checked.
+
+  For 'eval', data.eval_source's corpora where it names prepared ones,
+  and each must hold data.eval_batches full batches (every host runs the
+  same eval steps).
+  """
   d = config.data
   source = d.source
   if split == 'eval' and sources.eval_source(d):
@@ -642,6 +647,15 @@ def prepared_stream(
   corpora = prepared.corpora(
     config, row_length(config), split=split, source=source
   )
+  for corpus in corpora if split == 'eval' else ():
+    rows = corpus.num_rows('eval')
+    if rows < d.eval_batches * d.batch_size:
+      raise ValueError(
+        f'Prepared corpus {corpus.directory}: its eval split has {rows} '
+        f'rows, fewer than data.eval_batches={d.eval_batches} x '
+        f'data.batch_size={d.batch_size}: lower data.eval_batches, or '
+        'prepare it with a data.eval_source.'
+      )
   return prepared.Stream(corpora, d.seed, split=split)
 
 
@@ -715,13 +729,6 @@ def _prepared_eval(config, tokenizer, process_index, process_count):
   sets = {}
   for corpus in stream.corpora:
     one = prepared.Stream([corpus], d.seed, split='eval')
-    rows = corpus.num_rows('eval')
-    if rows < d.eval_batches * d.batch_size:
-      raise ValueError(
-        f'Prepared corpus {corpus.directory}: its eval split has {rows} '
-        f'rows, fewer than data.eval_batches={d.eval_batches} x '
-        f'data.batch_size={d.batch_size}: lower data.eval_batches.'
-      )
     ds = _prepared_dataset(
       config,
       tokenizer,
