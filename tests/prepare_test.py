@@ -1,4 +1,4 @@
-"""Tests for pretrain_lm.data.prepare: shards, provenance, restarts, errors."""
+"""Tests for pretrain_lm.data.prepare (and its ranges and shards modules)."""
 
 import os
 import signal
@@ -13,7 +13,7 @@ from array_record.python.array_record_module import ArrayRecordReader
 from conftest import REPO, load_config
 
 from pretrain_lm import configlib
-from pretrain_lm.data import pipeline, prepare, records
+from pretrain_lm.data import pipeline, prepare, ranges, records, shards
 from pretrain_lm.data import tokenizer as tokenizer_lib
 
 WIKI = os.path.join(configlib.CORPUS_DIR, 'wikitext-2', 'valid.txt')
@@ -171,7 +171,7 @@ def test_one_range_is_the_raw_text_pipeline(corpus, tokenizer_path, tmp_path):
 @pytest.mark.parametrize('size', [1, 2, 5, 13, 40])
 def test_byte_ranges_partition_the_lines(tmp_path, monkeypatch, size):
   # Small reads, so that lines and range starts cross read blocks.
-  monkeypatch.setattr(prepare, '_READ_BYTES', size)
+  monkeypatch.setattr(ranges, '_READ_BYTES', size)
   lines = [b'', b'a', b'bb\r', b'', b'x' * 30, b'c', b'', b'', b'dd', b'end']
   data = b'\n'.join(lines)  # no final newline
   path = tmp_path / 'lines.txt'
@@ -185,7 +185,7 @@ def test_byte_ranges_partition_the_lines(tmp_path, monkeypatch, size):
     bounds = [0, *cuts, len(data)]
     got = []
     for start, stop in zip(bounds[:-1], bounds[1:], strict=True):
-      got += list(prepare._lines(str(path), start, stop, limit=20))
+      got += list(ranges._lines(str(path), start, stop, limit=20))
     assert got == want, cuts
 
 
@@ -261,7 +261,7 @@ def test_killed_prepare_resumes_to_the_same_bytes(
   env = {**os.environ, 'TF_CPP_MIN_LOG_LEVEL': '2'}
   log = open(tmp_path / 'killed.log', 'w+')  # noqa: SIM115
   proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=log)
-  stats = killed / prepare.STATS_DIR
+  stats = killed / shards.STATS_DIR
   deadline = time.time() + 120
   while not (stats.exists() and any(stats.glob('*.json'))):
     if proc.poll() is not None or time.time() > deadline:
@@ -294,7 +294,7 @@ def test_killed_prepare_resumes_to_the_same_bytes(
 
 
 def test_row_encoder_writes_records_encode_row_bytes():
-  encode = prepare._RowEncoder()
+  encode = shards._RowEncoder()
   rng = np.random.default_rng(0)
   for n in (1, 3, 0):
     ids = rng.integers(0, 1 << 20, size=SEQ_LEN)

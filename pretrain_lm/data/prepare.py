@@ -24,6 +24,8 @@ range (counted within the range). Where data.eval_source is set, its
 ranges write the 'eval' shards and data.source's write no eval shard. A
 shard's rows are `pipeline.pack` over its range's documents, exactly as the
 raw-text pipeline packs them, written one by one as they are made.
+(Ranges and their documents: pretrain_lm.data.ranges; a range's shards
+and sidecar: pretrain_lm.data.shards; this module is the driver.)
 
 Restarts: each shard is written under a temporary name and renamed into
 place; then its range's sidecar records the shards' sizes and hashes and a
@@ -48,43 +50,26 @@ of tensorflow, tensorflow-text and array_record as here, and a gs:// output
 and source they can read.
 """
 
-import collections
-import concurrent.futures
 import contextlib
 import hashlib
 import json
-import math
 import os
 import shlex
 import sys
-import tempfile
 import threading
 import time
-import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import apache_beam as beam
 import ml_collections
-import numpy as np
 import tensorflow as tf
 from absl import app, flags, logging
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from pretrain_lm import objectives
-from pretrain_lm.data import pipeline, records, sources
+from pretrain_lm.data import pipeline, ranges, records, shards, sources
 from pretrain_lm.data import tokenizer as tokenizer_lib
 
-STATS_DIR = 'stats'
-# Text is read in blocks of this size; a line is held only up to
-# data.max_doc_bytes, so memory stays bounded by one document.
-_READ_BYTES = 1 << 22
-# Documents per eager tokenizer call: amortises the op's overhead.
-_TOKENIZE_DOCS = 256
-# Packed rows taken from tf.data at a time: per-element overhead again.
-_ROWS_PER_READ = 256
-_TMP = '.tmp-'
-# What the driver runs Beam with unless --beam_pipeline_options says else.
 DEFAULT_BEAM_OPTIONS = (
   '--direct_running_mode=multi_processing',
   '--direct_num_workers=0',
@@ -95,462 +80,6 @@ DEFAULT_BEAM_OPTIONS = (
 
 def _sha256_json(value: Any) -> str:
   return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()
-
-
-# ---------------------------------------------------------------------------
-# Input ranges, from file sizes alone.
-
-
-def _stat_sizes(paths: list[str]) -> list[int]:
-  # Stats run one by one would take minutes for thousands of gs:// files.
-  with concurrent.futures.ThreadPoolExecutor(16) as pool:
-    return list(pool.map(lambda p: tf.io.gfile.stat(p).length, paths))
-
-
-def _text_ranges(
-  spec: str, field: str, doc_format: str, range_bytes: int
-) -> list[dict[str, Any]]:
-  """The byte ranges of `spec`'s files, in file order."""
-  files = sources._match_files(spec, field)
-  sizes = _stat_sizes([f.path for f in files])
-  ranges = []
-  for file, size in zip(files, sizes, strict=True):
-    sliced = (file.start, file.stop) != (0, 100)
-    pieces = 1
-    if doc_format == 'line' and not sliced:
-      pieces = max(1, math.ceil(size / range_bytes))
-    for k in range(pieces):
-      ranges.append(
-        {
-          'field': field,
-          'path': file.path,
-          'size': size,
-          'start': size * k // pieces,
-          'stop': size * (k + 1) // pieces,
-          'slice': [file.start, file.stop],
-          # For the progress bar: a slice's share of the file.
-          'bytes': (size * (k + 1) // pieces - size * k // pieces)
-          * (file.stop - file.start)
-          // 100,
-        }
-      )
-  return ranges
-
-
-def _tfds_ranges(spec: str, field: str, split: str, pieces: int) -> list[dict]:
-  """`pieces` equal pieces of a TFDS split."""
-  return [
-    {
-      'field': field,
-      'path': spec,
-      'split': split,
-      'piece': i,
-      'pieces': pieces,
-      'bytes': 0,
-    }
-    for i in range(pieces)
-  ]
-
-
-def make_ranges(
-  data: ml_collections.ConfigDict, range_mb: float, tfds_pieces: int
-) -> list[dict[str, Any]]:
-  """Every input range, each with the shard names it writes and its task.
-
-  data.source's ranges come first, writing 'train' shards (and, with no
-  data.eval_source, the held-out 'eval' shard of the same index); then
-  data.eval_source's, writing 'eval' shards only.
-  """
-  range_bytes = max(1, int(range_mb * (1 << 20)))
-
-  def of(spec, field, tfds_split):
-    if sources._is_tfds(spec):
-      return _tfds_ranges(spec, field, tfds_split, tfds_pieces)
-    return _text_ranges(spec, field, data.doc_format, range_bytes)
-
-  train = of(data.source, 'data.source', data.tfds_split)
-  evals = []
-  eval_spec = sources.eval_source(data)
-  if eval_spec:
-    evals = of(eval_spec, 'data.eval_source', data.tfds_eval_split)
-  out = []
-  for i, r in enumerate(train):
-    names = {'train': records.shard_name('train', i, len(train))}
-    if not eval_spec:
-      names['eval'] = records.shard_name('eval', i, len(train))
-    out.append(
-      {**r, 'shards': names, 'task': names['train'][: -len('.array_record')]}
-    )
-  for i, r in enumerate(evals):
-    name = records.shard_name('eval', i, len(evals))
-    out.append(
-      {**r, 'shards': {'eval': name}, 'task': name[: -len('.array_record')]}
-    )
-  return out
-
-
-# ---------------------------------------------------------------------------
-# Documents of one range, with their offsets, under data.bad_input.
-
-
-class _BadInput:
-  """Applies data.bad_input to one range's faults: raise, or count."""
-
-  def __init__(self, settings: dict[str, Any], range_: dict[str, Any]):
-    self.policy = settings['bad_input']
-    self.limit = settings['max_doc_bytes']
-    self.range = range_
-    self.counts = dict.fromkeys(sources.BAD_INPUT, 0)
-
-  def __call__(self, offset: int, kind: str) -> None:
-    if self.policy == 'fail' and kind in sources._FATAL:
-      # The message sources.py gives for the same input.
-      r = self.range
-      raise ValueError(
-        f'{r["field"]}: {r["path"]!r} at byte {offset}: '
-        f'{sources._DESCRIBE[kind].format(max_doc_bytes=self.limit)}. Set '
-        "data.bad_input='skip' to skip and count such input instead."
-      )
-    self.counts[kind] += 1
-
-
-def _lines(
-  path: str, start: int, stop: int, limit: int
-) -> Iterator[tuple[int, bytes | None]]:
-  """(offset, line) of the lines whose first byte is in [start, stop).
-
-  A line comes without its '\n'. One over `limit` bytes (+1 for a '\r') is
-  (offset, None): it is never held whole. Split-text semantics: a range
-  starting at a > 0 begins just after the first '\n' at or after a - 1.
-  """
-  with tf.io.gfile.GFile(path, 'rb') as f:
-    pos = max(0, start - 1)  # the file offset of the next chunk
-    f.seek(pos)
-    begin = None if start > 0 else 0  # where the current line starts
-    parts, size = [], 0
-    while chunk := f.read(_READ_BYTES):
-      pieces = chunk.split(b'\n')
-      at = pos
-      for piece in pieces[:-1]:
-        if begin is not None:
-          if size + len(piece) > limit + 1:
-            yield begin, None
-          else:
-            parts.append(piece)
-            yield begin, b''.join(parts)
-        at += len(piece) + 1
-        begin, parts, size = at, [], 0
-        if begin >= stop:
-          return
-      pos += len(chunk)
-      if begin is not None and size <= limit + 1:
-        parts.append(pieces[-1])
-        size += len(pieces[-1])
-        if size > limit + 1:
-          parts = []  # too long already: drop what is held
-    if begin is not None and begin < stop and size:
-      yield begin, (b''.join(parts) if size <= limit + 1 else None)
-
-
-def _line_documents(
-  lines: Iterator[tuple[int, bytes | None]],
-  doc_format: str,
-  bad: _BadInput,
-  state: dict[str, bool],
-) -> Iterator[tuple[int, bytes]]:
-  """Lines -> (offset, document), as sources._file_documents makes them."""
-  block, block_start = [], 0
-  for offset, line in lines:
-    if line is None:
-      state['nonblank'] = True
-      bad(offset, 'too_long')
-      continue
-    # TextLineDataset drops the '\r' of a '\r\n'.
-    text = line[:-1] if line.endswith(b'\r') else line
-    if not text.strip():
-      if text and doc_format == 'line':
-        bad.counts['whitespace_only'] += 1
-      if block:  # a blank line ends a 'blank_line' block
-        yield block_start, b'\n'.join(block).strip()
-        block = []
-      continue
-    state['nonblank'] = True
-    fault = sources._fault(text, bad.limit)
-    if fault is not None:
-      bad(offset + fault[0], fault[1])  # a bad line leaves its block's rest
-    elif doc_format == 'line':
-      yield offset, text.strip()
-    else:
-      if not block:
-        block_start = offset
-      block.append(text)
-  if block:
-    yield block_start, b'\n'.join(block).strip()
-
-
-def _binary_file(path: str) -> int | None:
-  """The offset of the NUL that marks `path` binary as sources.py decides."""
-  with tf.io.gfile.GFile(path, 'rb') as f:
-    head = f.read(sources._SNIFF_BYTES)
-  nul = head.find(b'\0')
-  return nul if nul >= 0 and sources._binary_head(head) else None
-
-
-def _text_documents(
-  r: dict[str, Any], settings: dict[str, Any], bad: _BadInput
-) -> Iterator[tuple[int, bytes]]:
-  """(byte offset in the file, document) of one text range, in order."""
-  doc_format, limit = settings['doc_format'], bad.limit
-  whole = r['start'] == 0 and r['stop'] == r['size']
-  nul = _binary_file(r['path'])
-  if nul is not None:  # skipped whole, counted by the file's first range
-    if r['start'] == 0:
-      bad(nul, 'binary')
-    return
-  state = {'nonblank': False}
-  sliced = r['slice'] != [0, 100]
-  if sliced:
-    # The slice exactly as the pipeline cuts it (by characters), and its
-    # byte offset in the file.
-    text = sources._read_text(r['path'], *r['slice']).numpy()
-    begin = len(sources._read_text(r['path'], 0, r['slice'][0]).numpy())
-    r['input'] = {'start': begin, 'stop': begin + len(text)}
-  if doc_format == 'file':
-    if not sliced:
-      with tf.io.gfile.GFile(r['path'], 'rb') as f:
-        text = f.read(limit + 1)  # enough to know it is too long
-      begin = 0
-    if not text.strip():
-      bad(0, 'empty_file')
-    elif len(text) > limit:
-      bad(begin, 'too_long')
-    elif (fault := sources._fault(text, limit)) is not None:
-      bad(begin + fault[0], fault[1])
-    else:
-      yield begin, text  # verbatim, as sources.py keeps it
-    return
-  elif sliced:
-    pieces, offsets, at = text.split(b'\n'), [], begin
-    for piece in pieces:
-      offsets.append(at)
-      at += len(piece) + 1
-    lines = (
-      (o, p if len(p) <= limit + 1 else None)
-      for o, p in zip(offsets, pieces, strict=True)
-    )
-    yield from _line_documents(lines, doc_format, bad, state)
-  else:
-    lines = _lines(r['path'], r['start'], r['stop'], limit)
-    yield from _line_documents(lines, doc_format, bad, state)
-  if whole and not state['nonblank']:
-    # A blank file is one 'empty_file', not blank lines. (A blank file cut
-    # into several ranges counts as blank lines: no range sees it all.)
-    bad.counts = dict.fromkeys(sources.BAD_INPUT, 0)
-    bad(0, 'empty_file')
-
-
-def _tfds_documents(
-  r: dict[str, Any], settings: dict[str, Any]
-) -> Iterator[tuple[int, bytes]]:
-  """(example index in the piece, document) of one TFDS piece."""
-  import tensorflow_datasets as tfds
-
-  builder = sources._tfds_builder(
-    r['path'], r['field'], settings['tfds_data_dir']
-  )
-  key = settings['tfds_text_key']
-  split = tfds.split_for_jax_process(
-    r['split'], process_index=r['piece'], process_count=r['pieces']
-  )
-  ds = builder.as_dataset(
-    split=split,
-    shuffle_files=False,
-    read_config=tfds.ReadConfig(try_autocache=False),
-  )
-  n = 0
-  for example in ds.as_numpy_iterator():
-    doc = example[key].strip()
-    if doc:
-      yield n, doc
-    n += 1
-  r['input'] = {'split': str(split), 'start': 0, 'stop': n}
-
-
-# ---------------------------------------------------------------------------
-# Tokenize, pack, write.
-
-
-class _RowEncoder:
-  """records.encode_row's bytes, from one reused proto: 40x faster a row."""
-
-  def __init__(self):
-    self.example = tf.train.Example()
-    feature = self.example.features.feature
-    self.ids = feature['input_ids'].int64_list.value
-    self.offsets = feature['doc_offsets'].int64_list.value
-
-  def __call__(self, input_ids: np.ndarray, doc_offsets: list[int]) -> bytes:
-    self.ids[:] = input_ids.tolist()
-    self.offsets[:] = doc_offsets
-    return self.example.SerializeToString(deterministic=True)
-
-
-class _Shard:
-  """Writes one shard's rows, each with the offsets of its segments' docs."""
-
-  def __init__(self, path: str, tokenizer, settings: dict[str, Any]):
-    self.path, self.tokenizer, self.settings = path, tokenizer, settings
-    self.specials = np.array(
-      [tokenizer.cls_id, tokenizer.sep_id, tokenizer.pad_id]
-    )
-    self.stats = {'rows': 0, 'tokens': 0, 'documents': 0}
-
-  def _batches(self, docs, pending):
-    """Token ids of `docs` as (flat ids, row splits), a batch at a time.
-
-    Each document with tokens is noted in `pending` before its batch is
-    yielded; documents without any are dropped, as pack would drop them.
-    """
-    tf_tokenizer = self.tokenizer.tf_tokenizer()
-    batch = []
-
-    def flush():
-      ids = tf_tokenizer.tokenize(tf.constant([d for _, d in batch]))
-      if isinstance(ids, tf.Tensor):  # every text of one static length
-        ids = tf.RaggedTensor.from_tensor(ids)
-      lengths = ids.row_lengths().numpy()
-      flat = ids.flat_values.numpy().astype(np.int32)
-      for (offset, _), n in zip(batch, lengths, strict=True):
-        if n:
-          pending.append([offset, int(n)])
-      kept = lengths[lengths > 0]
-      self.stats['documents'] += len(kept)
-      batch.clear()
-      return flat, np.concatenate([[0], np.cumsum(kept)]).astype(np.int64)
-
-    for doc in docs:
-      batch.append(doc)
-      if len(batch) == _TOKENIZE_DOCS:
-        yield flush()
-    if batch:
-      yield flush()
-
-  def write(self, docs: Iterator[tuple[int, bytes]]) -> dict[str, Any]:
-    """Packs `docs` ((offset, text), in order) into rows written to path."""
-    from array_record.python.array_record_module import ArrayRecordWriter
-
-    tok, s = self.tokenizer, self.settings
-    # [doc offset, content tokens not yet seen in a row], in document
-    # order: tf.data may run the generator ahead of the rows read here.
-    pending = collections.deque()
-    error = []
-
-    def generate():
-      try:
-        yield from self._batches(docs, pending)
-      except Exception as e:  # tf.data would keep only its message
-        error.append(e)
-        raise
-
-    # Batches cross into tf.data: a Python call per document costs more
-    # than tokenizing it.
-    batches = tf.data.Dataset.from_generator(
-      generate,
-      output_signature=(
-        tf.TensorSpec([None], tf.int32),
-        tf.TensorSpec([None], tf.int64),
-      ),
-    )
-    vectors = batches.map(
-      sources.no_autograph(tf.RaggedTensor.from_row_splits)
-    ).unbatch()
-    rows = pipeline.pack(
-      vectors,
-      row_len=s['row_len'],
-      packing=s['packing'],
-      cls_id=tok.cls_id,
-      sep_id=tok.sep_id,
-      pad_id=tok.pad_id,
-    )
-    encode = _RowEncoder()
-    writer = ArrayRecordWriter(self.path, records.WRITER_OPTIONS)
-    last = None  # the offset of the last document whose tokens all came
-    try:
-      for batch in rows.batch(_ROWS_PER_READ).as_numpy_iterator():
-        ids, segments = batch['input_ids'], batch['segment_ids']
-        # content[r, k]: row r's tokens of segment k that are text.
-        keys = np.arange(len(ids))[:, None] * (ids.shape[1] + 1) + segments
-        text = ~np.isin(ids, self.specials)
-        content = np.bincount(
-          keys[text], minlength=len(ids) * (ids.shape[1] + 1)
-        ).reshape(len(ids), -1)
-        num_segments = segments.max(axis=1)
-        for r in range(len(ids)):
-          offsets = []
-          for n in content[r, 1 : num_segments[r] + 1].tolist():
-            if n == 0:
-              # Only specials, e.g. 'concat' carrying the last doc's [SEP].
-              offsets.append(last)
-              continue
-            head = pending[0]
-            head[1] -= n
-            if head[1] < 0:
-              raise AssertionError('a segment spans two documents')
-            offsets.append(head[0])
-            if head[1] == 0:
-              last = pending.popleft()[0]
-          writer.write(encode(ids[r], offsets))
-        self.stats['rows'] += len(ids)
-        self.stats['tokens'] += int(np.count_nonzero(ids != tok.pad_id))
-    except tf.errors.OpError:
-      if error:
-        raise error[0] from None
-      raise
-    finally:
-      writer.close()
-    return self.stats
-
-
-def _is_local(path: str) -> bool:
-  return '://' not in path
-
-
-def _publish(local: str, final: str) -> None:
-  """Moves a finished local file to `final` (local or remote) atomically."""
-  if _is_local(final):
-    os.replace(local, final)
-    return
-  # ArrayRecord writes local files: copy, then rename in place.
-  tmp = f'{final}{_TMP}{uuid.uuid4().hex[:12]}'
-  tf.io.gfile.copy(local, tmp, overwrite=True)
-  tf.io.gfile.rename(tmp, final, overwrite=True)
-  os.remove(local)
-
-
-def _sidecar_path(output: str, r: dict[str, Any]) -> str:
-  return os.path.join(output, STATS_DIR, f'{r["task"]}.json')
-
-
-def _read_json(path: str) -> dict[str, Any] | None:
-  try:
-    with tf.io.gfile.GFile(path) as f:
-      return json.load(f)
-  except (tf.errors.NotFoundError, json.JSONDecodeError):
-    return None
-
-
-def range_done(output: str, r: dict[str, Any]) -> dict[str, Any] | None:
-  """The range's sidecar if it is done: its key, and shards of their size."""
-  stats = _read_json(_sidecar_path(output, r))
-  if not stats or stats.get('key') != r['key']:
-    return None
-  for shard in stats['shards'].values():
-    path = os.path.join(output, shard['file'])
-    if not tf.io.gfile.exists(path) or (
-      tf.io.gfile.stat(path).length != shard['bytes']
-    ):
-      return None
-  return stats
 
 
 class WriteShardFn(beam.DoFn):
@@ -570,79 +99,10 @@ class WriteShardFn(beam.DoFn):
       raise ValueError(f'{path} changed while the preparation ran.')
 
   def process(self, r: dict[str, Any]):
-    if range_done(self.output, r):
+    if shards.range_done(self.output, r):
       return
-    write_range(self.output, r, self.settings, self.tokenizer)
+    shards.write_range(self.output, r, self.settings, self.tokenizer)
     yield r['task']
-
-
-def write_range(
-  output: str, r: dict[str, Any], settings: dict[str, Any], tokenizer
-) -> dict[str, Any]:
-  """Reads, packs and writes one range; returns its sidecar."""
-  started = time.time()
-  r = dict(r)
-  bad = _BadInput(settings, r)
-  if sources._is_tfds(r['path']):
-    docs = _tfds_documents(r, settings)
-  else:
-    docs = _text_documents(r, settings, bad)
-  every = settings['eval_holdout_every']
-  held_out = []  # every-th documents: at most half a range, never a corpus
-  main_split = 'train' if 'train' in r['shards'] else 'eval'
-
-  def kept():
-    for i, doc in enumerate(docs):
-      if every and (i + 1) % every == 0:
-        held_out.append(doc)
-      else:
-        yield doc
-
-  scratch = output if _is_local(output) else tempfile.gettempdir()
-  tmp = {
-    split: os.path.join(scratch, f'{name}{_TMP}{uuid.uuid4().hex[:12]}')
-    for split, name in r['shards'].items()
-  }
-  try:
-    stats = {
-      main_split: _Shard(tmp[main_split], tokenizer, settings).write(kept())
-    }
-    if 'eval' in r['shards'] and main_split == 'train':
-      stats['eval'] = _Shard(tmp['eval'], tokenizer, settings).write(
-        iter(held_out)
-      )
-    shards = {}
-    for split, name in r['shards'].items():
-      shards[split] = {
-        'file': name,
-        **stats[split],
-        'bytes': os.path.getsize(tmp[split]),
-        'sha256': records.file_sha256(tmp[split]),
-      }
-    for split, name in r['shards'].items():
-      _publish(tmp[split], os.path.join(output, name))
-  finally:
-    for path in tmp.values():
-      with contextlib.suppress(FileNotFoundError):
-        os.remove(path)
-  if sources._is_tfds(r['path']):
-    source_input = {'path': r['path'], **r['input']}
-  else:
-    span = r.get('input', {'start': r['start'], 'stop': r['stop']})
-    source_input = {'path': r['path'], **span}
-    if r['slice'] != [0, 100]:
-      source_input['slice'] = r['slice']
-  sidecar = {
-    'key': r['key'],
-    'task': r['task'],
-    'input': source_input,
-    'input_bytes': r['bytes'],
-    'shards': shards,
-    'bad_input_counts': bad.counts,
-    'seconds': round(time.time() - started, 3),
-  }
-  records.write_json_atomic(_sidecar_path(output, r), sidecar)
-  return sidecar
 
 
 # ---------------------------------------------------------------------------
@@ -736,7 +196,7 @@ def _check_previous(
     )
   doomed = [path, os.path.join(output, records.TOKENIZER_FILE)]
   doomed += tf.io.gfile.glob(os.path.join(output, '*.array_record'))
-  doomed += tf.io.gfile.glob(os.path.join(output, STATS_DIR, '*.json'))
+  doomed += tf.io.gfile.glob(os.path.join(output, shards.STATS_DIR, '*.json'))
   print(
     f'--overwrite: removing the preparation in {output} ({"; ".join(changed)}):'
   )
@@ -809,12 +269,12 @@ class _Progress:
     with bar:
       while True:
         stopping = self.stop.wait(2.0)
-        pattern = os.path.join(self.output, STATS_DIR, '*.json')
+        pattern = os.path.join(self.output, shards.STATS_DIR, '*.json')
         for path in tf.io.gfile.glob(pattern):
           task = os.path.basename(path)[: -len('.json')]
           if task in done or task not in keys:
             continue
-          stats = _read_json(path)
+          stats = shards.read_json(path)
           if stats and stats.get('key') == keys[task]['key']:
             done.add(task)
             docs += sum(s['documents'] for s in stats['shards'].values())
@@ -849,22 +309,24 @@ def prepare(
   d = config.data
   objective = objectives.OBJECTIVES[config.objective.name]
   row_len = pipeline.row_length(config)
-  tf.io.gfile.makedirs(os.path.join(output, STATS_DIR))
+  tf.io.gfile.makedirs(os.path.join(output, shards.STATS_DIR))
   source = _source_fields(config, range_mb, tfds_pieces)
 
+  def header(tokenizer):
+    """The manifest's fields but its counts and key, with `tokenizer`."""
+    return {
+      'format': records.FORMAT,
+      'version': records.VERSION,
+      'row_length': row_len,
+      'seq_len': d.seq_len,
+      'packing': d.packing,
+      'objective': config.objective.name,
+      'tokenizer': tokenizer,
+      'source': source,
+    }
+
   def fields_for(tok_sha):
-    return key_fields(
-      {
-        'format': records.FORMAT,
-        'version': records.VERSION,
-        'row_length': row_len,
-        'seq_len': d.seq_len,
-        'packing': d.packing,
-        'objective': config.objective.name,
-        'tokenizer': {'sha256': tok_sha or '(to be trained)'},
-        'source': source,
-      }
-    )
+    return key_fields(header({'sha256': tok_sha or '(to be trained)'}))
 
   # Before the tokenizer is resolved: a differing OUTPUT/tokenizer.model
   # must not be silently kept (setup_tokenizer would reuse it).
@@ -898,14 +360,14 @@ def prepare(
   meta = checkpoint.tokenizer_meta(tok)
   fields = fields_for(meta['sha256'])
   key = _sha256_json(fields)[:16]
-  ranges = make_ranges(d, range_mb, tfds_pieces)
-  for r in ranges:
+  all_ranges = ranges.make_ranges(d, range_mb, tfds_pieces)
+  for r in all_ranges:
     r['key'] = _sha256_json({'fields': fields, 'range': r})[:16]
   todo, stale = [], []
-  for r in ranges:
-    if not range_done(output, r):
+  for r in all_ranges:
+    if not shards.range_done(output, r):
       todo.append(r)
-      old_stats = _read_json(_sidecar_path(output, r))
+      old_stats = shards.read_json(shards.sidecar_path(output, r))
       if old_stats and old_stats.get('key') != r['key']:
         stale.append(r['task'])
   if stale:
@@ -929,19 +391,14 @@ def prepare(
       )
   seconds = time.time() - started
   manifest = {
-    'format': records.FORMAT,
-    'version': records.VERSION,
-    'row_length': row_len,
-    'seq_len': d.seq_len,
-    'packing': d.packing,
-    'objective': config.objective.name,
-    'tokenizer': {
-      'file': records.TOKENIZER_FILE,
-      'sha256': meta['sha256'],
-      'vocab_size': meta['vocab_size'],
-      'special_ids': meta['special_ids'],
-    },
-    'source': source,
+    **header(
+      {
+        'file': records.TOKENIZER_FILE,
+        'sha256': meta['sha256'],
+        'vocab_size': meta['vocab_size'],
+        'special_ids': meta['special_ids'],
+      }
+    ),
     'bad_input_counts': dict.fromkeys(sources.BAD_INPUT, 0),
     'splits': {
       s: {'rows': 0, 'tokens': 0, 'documents': 0, 'shards': []}
@@ -949,12 +406,12 @@ def prepare(
     },
     'key': key,
   }
-  for r in ranges:
-    stats = range_done(output, r)
+  for r in all_ranges:
+    stats = shards.range_done(output, r)
     if stats is None:
       raise RuntimeError(
         f'{r["task"]} has no finished shards after the pipeline ran '
-        f'({_sidecar_path(output, r)} is missing or stale).'
+        f'({shards.sidecar_path(output, r)} is missing or stale).'
       )
     for k, n in stats['bad_input_counts'].items():
       manifest['bad_input_counts'][k] += n
@@ -971,9 +428,11 @@ def prepare(
   manifest['created'] = time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())
   records.write_json_atomic(os.path.join(output, records.MANIFEST), manifest)
   # Left by interrupted runs; nothing writes them now the pipeline is done.
-  leftovers = tf.io.gfile.glob(os.path.join(output, f'*{_TMP}*'))
+  leftovers = tf.io.gfile.glob(os.path.join(output, f'*{shards.TMP}*'))
   # records.write_json_atomic's, of sidecars.
-  leftovers += tf.io.gfile.glob(os.path.join(output, STATS_DIR, '*.tmp-*'))
+  leftovers += tf.io.gfile.glob(
+    os.path.join(output, shards.STATS_DIR, '*.tmp-*')
+  )
   for path in leftovers:
     print(f'Removing {path}, left by an interrupted run.')
     tf.io.gfile.remove(path)

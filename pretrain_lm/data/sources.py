@@ -17,7 +17,7 @@ datasets are left to TFDS' own checks.
 
 import re
 from collections.abc import Iterable, Iterator
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import ml_collections
 import numpy as np
@@ -190,6 +190,32 @@ def _binary_head(head: bytes) -> bool:
   return 4 * (len(head) - valid + control) > len(head)
 
 
+def _binary_offset(path: str) -> int | None:
+  """The offset of a NUL that marks the file binary (_binary_head), or None."""
+  with tf.io.gfile.GFile(path, 'rb') as f:
+    head = f.read(_SNIFF_BYTES)
+  nul = head.find(b'\0')
+  return nul if nul >= 0 and _binary_head(head) else None
+
+
+def _slice_bytes(path: str, start: int, stop: int) -> tuple[bytes, int]:
+  """A file's slice exactly as the pipeline cuts it, and its byte offset."""
+  # By TF's character count, as _file_lines reads it.
+  text = _read_text(path, start, stop).numpy()
+  return text, len(_read_text(path, 0, start).numpy())
+
+
+def bad_input_error(
+  field: str, path: str, offset: int, kind: str, max_doc_bytes: int
+) -> ValueError:
+  """The error data.bad_input='fail' raises for bad input at `offset`."""
+  return ValueError(
+    f'{field}: {path!r} at byte {offset}: '
+    f'{_DESCRIBE[kind].format(max_doc_bytes=max_doc_bytes)}. Set '
+    "data.bad_input='skip' to skip and count such input instead."
+  )
+
+
 def _scan_block(block, start, max_doc_bytes, count_blank, counts, faults):
   """Scans whole lines `block` at file offset `start`; True if one is good."""
   lines = block.split(b'\n')
@@ -266,19 +292,14 @@ def _read_chunks(path: str) -> Iterator[bytes]:
 
 def _scan_file(file: _File, doc_format: str, max_doc_bytes: int) -> _Scan:
   """The bad input of one matched file (or slice of it), without TF graphs."""
-  with tf.io.gfile.GFile(file.path, 'rb') as f:
-    head = f.read(_SNIFF_BYTES)
-  nul = head.find(b'\0')
-  if nul >= 0 and _binary_head(head):
+  nul = _binary_offset(file.path)
+  if nul is not None:
     return _Scan(
       {**dict.fromkeys(BAD_INPUT, 0), 'binary': 1}, [(nul, 'binary')], False
     )
   sliced = (file.start, file.stop) != (0, 100)
   if sliced:
-    # The slice exactly as the pipeline cuts it (by TF's character count),
-    # and its byte offset in the file.
-    text = _read_text(file.path, file.start, file.stop).numpy()
-    begin = len(_read_text(file.path, 0, file.start).numpy())
+    text, begin = _slice_bytes(file.path, file.start, file.stop)
     chunks = [text]
   else:
     chunks, begin = _read_chunks(file.path), 0
@@ -378,12 +399,7 @@ def _checked_files(
     if scan.counts['empty_file']:
       fatal = [(0, 'empty_file')]
     if policy == 'fail' and fatal:
-      offset, kind = fatal[0]
-      raise ValueError(
-        f'{field}: {file.path!r} at byte {offset}: '
-        f'{_DESCRIBE[kind].format(max_doc_bytes=limit)}. Set '
-        "data.bad_input='skip' to skip and count such input instead."
-      )
+      raise bad_input_error(field, file.path, *fatal[0], limit)
     for k, n in scan.counts.items():
       counts[k] += n
     if scan.usable:
@@ -631,24 +647,47 @@ def _tfds_documents(
   process_count: int,
 ) -> tf.data.Dataset:
   """This process's share of a TFDS split, as documents in a fixed order."""
+  texts, _ = tfds_texts(
+    source,
+    field,
+    split,
+    process_index,
+    process_count,
+    data_dir=data_config.tfds_data_dir,
+    text_key=data_config.tfds_text_key,
+  )
+  docs = texts.map(no_autograph(tf.strings.strip))
+  return docs.filter(no_autograph(lambda doc: tf.strings.length(doc) > 0))
+
+
+def tfds_texts(
+  source: str,
+  field: str,
+  split: str,
+  process_index: int,
+  process_count: int,
+  *,
+  data_dir: str,
+  text_key: str,
+) -> tuple[tf.data.Dataset, Any]:
+  """Part `process_index` of a TFDS split's texts, unstripped; and the part."""
   import tensorflow_datasets as tfds
 
-  builder = _tfds_builder(source, field, data_config.tfds_data_dir)
-  key = data_config.tfds_text_key
-  if key not in builder.info.features:
+  builder = _tfds_builder(source, field, data_dir)
+  if text_key not in builder.info.features:
     raise KeyError(
-      f'data.tfds_text_key={key!r} is not a feature of {source!r}; it has '
-      f'{sorted(builder.info.features)}.'
+      f'data.tfds_text_key={text_key!r} is not a feature of {source!r}; it '
+      f'has {sorted(builder.info.features)}.'
     )
+  part = tfds.split_for_jax_process(
+    split, process_index=process_index, process_count=process_count
+  )
   ds = builder.as_dataset(
-    split=tfds.split_for_jax_process(
-      split, process_index=process_index, process_count=process_count
-    ),
+    split=part,
     shuffle_files=False,
     read_config=tfds.ReadConfig(try_autocache=False),
   )
-  docs = ds.map(no_autograph(lambda example: tf.strings.strip(example[key])))
-  return docs.filter(no_autograph(lambda doc: tf.strings.length(doc) > 0))
+  return ds.map(no_autograph(lambda example: example[text_key])), part
 
 
 def documents(
