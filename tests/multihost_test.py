@@ -161,11 +161,16 @@ def compile_cache(tmp_path_factory):
 
 
 def launch(workdir, overrides, cache, num_processes=2, extra=None):
-  """Starts `python -m pretrain_lm.main` as process 0..n-1 of one run."""
+  """Starts `python -m pretrain_lm.main` as process 0..n-1 of one run.
+
+  The 8 devices of OVERRIDES' mesh are split evenly over the processes.
+  """
   port = free_port()
+  devices = 8 // num_processes
   env = dict(
     os.environ,
-    XLA_FLAGS=f'--xla_force_host_platform_device_count=4 {COMPILE_FLAGS}',
+    XLA_FLAGS=f'--xla_force_host_platform_device_count={devices} '
+    f'{COMPILE_FLAGS}',
     JAX_PLATFORMS='cpu',
     JAX_COMPILATION_CACHE_DIR=cache,
     JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS='0',
@@ -308,6 +313,53 @@ def test_hosts_with_different_configs_fail_at_start(
     assert 'The hosts of this run disagree' in out, out
     assert 'config: process 0 has' in out and 'process 1:' in out, out
     assert 'commit:' not in out and 'workdir:' not in out, out
+
+
+def test_prepared_run_saved_on_two_processes_resumes_on_one(
+  tmp_path, tokenizer_path, compile_cache
+):
+  """A prepared stream's batches do not depend on the host count, so a run
+  checkpointed by 2 processes resumes on 1 with the batches, and so the
+  losses, of one process that was never interrupted."""
+  from pretrain_lm.data import prepare
+
+  c = load_config('bert', 'size=tiny')
+  for key, value in OVERRIDES.items():
+    section, field = key.split('.')
+    c[section][field] = value
+  c.data.tokenizer = tokenizer_path
+  corpus = tmp_path / 'prepared'
+  prepare.prepare(
+    c,
+    str(corpus),
+    range_mb=0.3,
+    beam_options='--direct_running_mode=in_memory',
+    progress=False,
+  )
+  overrides = {
+    **OVERRIDES,
+    'data.source': f'prepared:{corpus}',
+  }
+  workdir = str(tmp_path / 'run')
+  stop = {'train.exit_interval': STEPS // 2}
+  results = finish(launch(workdir, {**overrides, **stop}, compile_cache))
+  assert [code for code, _ in results] == [0, 0], results
+  assert f'Stopping at step {STEPS // 2}' in results[0][1], results[0][1]
+  ((code, out),) = finish(launch(workdir, overrides, compile_cache, 1))
+  assert code == 0, out
+  assert f'at step {STEPS // 2}' in out, out
+
+  ref = load_config('bert', 'size=tiny')
+  for key, value in overrides.items():
+    section, field = key.split('.')
+    ref[section][field] = value
+  trainer = train.Trainer(ref, str(tmp_path / 'ref'))
+  trainer.run()
+  want, got = read_losses(str(tmp_path / 'ref')), read_losses(workdir)
+  assert sorted(got) == list(range(1, STEPS + 1)), got
+  np.testing.assert_allclose(
+    [got[s] for s in sorted(want)], [want[s] for s in sorted(want)], rtol=1e-5
+  )
 
 
 # --- gs:// workdirs: every file goes through tf.io.gfile ---
