@@ -260,6 +260,15 @@ def test_mixture_metrics_and_eval_per_corpus(setup):
   evals = pipeline.eval_batches(config, tok)
   assert evals.keys() == {'a', 'b'}
   assert all(len(v) == 2 for v in evals.values())
+  # Each corpus' eval rows in stored order, each row masked its own way.
+  eval_rows = prepared.Corpus.cached(prepared.parse_source(f'prepared:{a}')[0])
+  stored = [
+    records.decode_row(r)['input_ids']
+    for r in eval_rows.read('eval', np.arange(BATCH))
+  ]
+  np.testing.assert_array_equal(_unmasked(evals['a'][0]), stored)
+  masks = {tuple(p) for p in evals['a'][0]['masked_positions']}
+  assert len(masks) > BATCH // 2
   # The bundled WikiText-2 file is not the eval set of a prepared source.
   single = pipeline.eval_batches(_config(f'prepared:{a}'), tok)
   assert isinstance(single, list) and len(single) == 2
