@@ -143,6 +143,17 @@ def test_pack_matches_reference(packing, seq_len):
   _assert_features_equal(_pack(docs, seq_len, packing), want)
 
 
+@pytest.mark.parametrize('packing', ['full_sentences', 'concat'])
+@pytest.mark.parametrize('docs_per_run', [1, 3])
+def test_pack_rows_do_not_depend_on_runs(monkeypatch, packing, docs_per_run):
+  # Rows carry over from one run of documents (one scan step) to the next.
+  monkeypatch.setattr(pipeline, '_DOCS_PER_RUN', docs_per_run)
+  for seq_len in (3, 13):
+    docs = _synthetic_docs(seq_len, seed=seq_len)
+    want = reference_features(docs, seq_len, packing)
+    _assert_features_equal(_pack(docs, seq_len, packing), want)
+
+
 SMALL_DOCS = [[10, 11, 12], [20, 21, 22, 23, 24, 25, 26, 27], [30]]
 # By hand, for rows of 8: (input_ids, segment_ids, positions) per row.
 SMALL_ROWS = {

@@ -34,8 +34,8 @@ _AUTOTUNE = tf.data.AUTOTUNE
 # The shortest row each packing can put a token in: [CLS] token [SEP], or
 # token [SEP] for 'concat'.
 _MIN_ROW_LEN = {'full_sentences': 3, 'doc_sentences': 3, 'concat': 2}
-# Documents that 'concat' joins before each scan step.
-_CONCAT_DOCS_PER_RUN = 256
+# Documents joined into one run per scan step ('full_sentences', 'concat').
+_DOCS_PER_RUN = 256
 
 
 def row_length(config: ml_collections.ConfigDict) -> int:
@@ -135,48 +135,68 @@ def _doc_sentences_rows(tokens, row_len, cls_id, sep_id, pad_id):
 
 
 def _full_sentences_step(row_len, cls_id, sep_id, pad_id):
-  """The scan step that appends one document to the row being filled."""
-  room = row_len - 2  # a row's tokens between [CLS] and its final [SEP]
-  pads = tf.fill([row_len], tf.constant(pad_id, tf.int32))
+  """The scan step that appends a run of documents and cuts off its rows.
 
-  def step(buf, doc):
-    tokens, is_end = doc
+  A run is doc [SEP] doc [SEP] ... and the end of each [SEP] in it. The
+  rows of the stream `buf` + run follow from one rule applied from a row
+  start p: at the first document end e >= p + row_len - 2, the row is
+  [CLS] stream[p:e] [PAD]* if that fits (e <= p + row_len - 1), else
+  [CLS] stream[p:p + row_len - 2] [SEP] (the document goes on in the next
+  row). The rule is computed for every p at once and its chain from 0
+  followed by pointer doubling: a step costs O(log rows) ops for a whole
+  run, not a scan step per document.
+  """
+  room = row_len - 2  # a row's tokens between [CLS] and its final [SEP]
+
+  def step(buf, run):
+    tokens, ends, is_end = run
     # `buf` is the unfinished row without [CLS]: whole documents, each
     # followed by [SEP], fewer than row_len - 2 tokens. The end-of-epoch
-    # sentinel flushes it.
-    stream = tf.cond(
-      is_end, lambda: buf, lambda: tf.concat([buf, tokens, [sep_id]], 0)
+    # sentinel (an empty run) makes it the last, padded row.
+    stream = tf.concat([buf, tokens], 0)
+    n = tf.size(stream)
+    ends += tf.size(buf)  # the sentinel's [0]: the end of `buf`
+    num_ends = tf.size(ends)
+    p = tf.range(n + 1)
+    # At the end any rest is a row, however short.
+    want = p + tf.where(is_end, 0, room)
+    i = tf.searchsorted(ends, want, side='left')
+    e = tf.gather(tf.concat([ends, [0]], 0), i)
+    found = i < num_ends
+    whole = found & (e <= p + room + 1)
+    split = found & ~whole
+    # The next row's start; p itself where no row starts at p (the rest).
+    following = tf.where(whole, e, tf.where(split, p + room, p))
+    # Row k starts at following^k(0): doubling gives all k <= max_rows at
+    # once, each row taking at least `room` tokens (or the last rest).
+    max_rows = n // room + 1
+    k = tf.range(max_rows + 1)
+
+    def double(bit, starts, jump):
+      take = tf.bitwise.bitwise_and(k, bit) > 0
+      starts = tf.where(take, tf.gather(jump, starts), starts)
+      return bit * 2, starts, tf.gather(jump, jump)
+
+    _, starts, _ = tf.while_loop(
+      lambda bit, *_: bit <= max_rows,
+      double,
+      (tf.constant(1), tf.zeros_like(k), following),
     )
-    m = tf.size(stream)
-    # While more than row_len - 1 stream tokens remain, a row takes
-    # row_len - 2 of them and ends with an added [SEP] (the document goes on
-    # in the next row). Closed form of that loop:
-    num_split = tf.maximum(0, (m - (row_len - 1) + room - 1) // room)
-    num_split = tf.where(is_end, 0, num_split)
-    split = tf.reshape(stream[: num_split * room], [num_split, room])
-    split_rows = tf.concat(
-      [
-        tf.fill([num_split, 1], cls_id),
-        split,
-        tf.fill([num_split, 1], sep_id),
-      ],
-      axis=1,
+    num_rows = tf.reduce_sum(tf.cast(starts[1:] > starts[:-1], tf.int32))
+    begin, stop = starts[:num_rows], starts[1 : num_rows + 1]
+    size = (stop - begin)[:, None]
+    j = tf.range(row_len)[None]
+    text = tf.gather(
+      tf.concat([stream, [pad_id]], 0),
+      tf.clip_by_value(begin[:, None] + j - 1, 0, n),
     )
-    # The rest ends with a [SEP]. It becomes a row if it fills the row, or
-    # leaves one slot, too few for a token and its [SEP]: that row gets one
-    # [PAD] rather than an empty document ([SEP] [SEP]). At the epoch's end
-    # any rest becomes the last, padded row.
-    rest = stream[num_split * room :]
-    done = tf.logical_or(
-      tf.size(rest) >= room, tf.logical_and(is_end, tf.size(rest) > 0)
+    cut = (j == size + 1) & tf.gather(split, begin)[:, None]
+    rows = tf.where(
+      j == 0,
+      cls_id,
+      tf.where(j <= size, text, tf.where(cut, sep_id, pad_id)),
     )
-    last_row = tf.reshape(
-      tf.concat([[cls_id], rest, pads], 0)[:row_len], [row_len]
-    )
-    num_last = tf.cast(done, tf.int32)
-    rows = tf.concat([split_rows, last_row[None][:num_last]], axis=0)
-    buf = rest[: tf.size(rest) * (1 - num_last)]
-    return buf, rows
+    return stream[starts[max_rows] :], rows
 
   return step
 
@@ -185,7 +205,7 @@ def _concat_step(row_len, pad_id):
   """The scan step that appends a run of tokens and cuts off full rows."""
 
   def step(buf, chunk):
-    tokens, is_end = chunk
+    tokens, _, is_end = chunk
     # `buf` holds fewer than row_len tokens not yet in a row. The
     # end-of-epoch sentinel pads it to a last row (none if it is empty).
     stream = tf.cond(
@@ -202,20 +222,25 @@ def _concat_step(row_len, pad_id):
   return step
 
 
-def _concat_chunks(docs: tf.data.Dataset, sep_id: int) -> tf.data.Dataset:
-  """Documents -> runs of doc [SEP] doc [SEP] ..., many documents per run.
+def _runs(docs: tf.data.Dataset, sep_id: int) -> tf.data.Dataset:
+  """Documents -> runs doc [SEP] doc [SEP] ... and where each [SEP] ends.
 
-  One scan step per run rather than per document: a step costs far more
-  than its tokens do when documents are short lines.
+  One scan step per run of many documents rather than per document: a
+  step costs far more than its tokens do when documents are short lines.
+  Empty documents are dropped (one would be a [SEP] alone).
   """
 
   def join(batch):
     if isinstance(batch, tf.Tensor):  # all documents had one static length
       batch = tf.RaggedTensor.from_tensor(batch)
+    batch = tf.cast(batch, tf.int32)
+    batch = tf.ragged.boolean_mask(batch, batch.row_lengths() > 0)
     seps = tf.fill([batch.nrows(), 1], tf.constant(sep_id, tf.int32))
-    return tf.concat([batch, seps], axis=1).flat_values
+    batch = tf.concat([batch, seps], axis=1)
+    ends = tf.cast(batch.row_splits[1:], tf.int32)
+    return batch.flat_values, ends, tf.constant(False)
 
-  return docs.ragged_batch(_CONCAT_DOCS_PER_RUN).map(no_autograph(join))
+  return docs.ragged_batch(_DOCS_PER_RUN).map(no_autograph(join))
 
 
 def row_features(
@@ -294,10 +319,10 @@ def pack(
       f'Rows of {row_len} tokens (from data.seq_len) leave no room for '
       f'tokens with data.packing={packing!r}; raise data.seq_len.'
     )
-  docs = docs.map(no_autograph(lambda ids: tf.cast(ids, tf.int32)))
-  # An empty document would give an empty piece: [SEP] alone.
-  docs = docs.filter(no_autograph(lambda ids: tf.size(ids) > 0))
   if packing == 'doc_sentences':
+    docs = docs.map(no_autograph(lambda ids: tf.cast(ids, tf.int32)))
+    # An empty document would give an empty piece: [SEP] alone.
+    docs = docs.filter(no_autograph(lambda ids: tf.size(ids) > 0))
     # One map per document makes its rows and their features: per-element
     # overhead dominates for short documents.
     rows = docs.map(
@@ -316,11 +341,9 @@ def pack(
     step = _full_sentences_step(row_len, cls_id, sep_id, pad_id)
   else:
     step = _concat_step(row_len, pad_id)
-    docs = _concat_chunks(docs, sep_id)
-  # An empty document flagged as the end flushes the unfinished row.
-  flagged = docs.map(no_autograph(lambda ids: (ids, False))).concatenate(
-    tf.data.Dataset.from_tensors((tf.zeros([0], tf.int32), True))
-  )
+  # An empty run flagged as the end flushes the unfinished row.
+  end = (tf.zeros([0], tf.int32), tf.zeros([1], tf.int32), tf.constant(True))
+  flagged = _runs(docs, sep_id).concatenate(tf.data.Dataset.from_tensors(end))
   rows = flagged.scan(tf.zeros([0], tf.int32), no_autograph(step))
   rows = rows.map(
     no_autograph(
