@@ -270,10 +270,11 @@ def test_bench_pipeline_and_decode():
     '--what=pipeline',
     '--pipeline_batches=5',
   )
-  assert r['raw_tokens_per_s'] > 0 and r['cached_tokens_per_s'] > 0
-  assert r['raw_tokens_per_s_per_core'] * r['cores'] == pytest.approx(
-    r['raw_tokens_per_s']
+  assert r['tokens_per_s'] > 0 and r['cached_tokens_per_s'] > 0
+  assert r['tokens_per_s_per_core'] * r['cores'] == pytest.approx(
+    r['tokens_per_s']
   )
+  assert r['start_step'] == 0 and r['first_batch_s'] > 0
   # Documents back to back: only the epoch's last row has padding.
   assert r['non_pad_fraction'] > 0.95
   r = run_bench(

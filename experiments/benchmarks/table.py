@@ -75,11 +75,16 @@ def pipeline_table(rows: list[dict], train_rows: list[dict]) -> None:
   print('|---|---|---:|---:|---:|---:|---:|---:|')
   for r in rows:
     eats = [t['tokens_per_s'] for t in train_rows if name(t) == name(r)]
-    ratio = f'{r["raw_tokens_per_s"] / eats[0]:,.0f}x' if eats else '-'
+    # Rows before bench.inputs named the stream's figures raw_*.
+    raw = r.get('tokens_per_s', r.get('raw_tokens_per_s'))
+    raw_core = r.get(
+      'tokens_per_s_per_core', r.get('raw_tokens_per_s_per_core')
+    )
+    ratio = f'{raw / eats[0]:,.0f}x' if eats else '-'
     eats_s = f'{eats[0]:,.0f}' if eats else '-'
     print(
       f'| {name(r)} | {r["batch_size"]} x {r["seq_len"]} '
-      f'| {r["raw_tokens_per_s_per_core"]:,.0f} '
+      f'| {raw_core:,.0f} '
       f'| {r["cached_tokens_per_s_per_core"]:,.0f} '
       f'| {r["non_pad_fraction"]:.2%} '
       f'| {eats_s} | {ratio} '

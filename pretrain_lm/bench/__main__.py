@@ -84,6 +84,12 @@ _START_STEP = flags.DEFINE_integer(
   'is the time from building it to its first batch.',
   lower_bound=0,
 )
+_PIPELINE_CACHED = flags.DEFINE_bool(
+  'pipeline_cached',
+  True,
+  'Pipeline, raw text: also time the stream with data.cache_tokens (reads '
+  'an epoch first).',
+)
 _DECODE_BATCHES = flags.DEFINE_list(
   'decode_batch_sizes', ['1', '32'], 'Batch sizes for --what=decode.'
 )
@@ -266,6 +272,7 @@ def run_pipeline(config, workdir: str) -> dict:
     batches=_PIPELINE_BATCHES.value,
     model_flops_per_token=flops,
     start_step=_START_STEP.value,
+    cached=_PIPELINE_CACHED.value,
   )
   return result
 

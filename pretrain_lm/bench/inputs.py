@@ -1,4 +1,4 @@
-"""Input pipeline throughput, from raw text and from cached token ids.
+"""Input pipeline throughput: raw text, cached token ids, prepared rows.
 
 The pipeline is the training one (pipeline.train_dataset: read, tokenize,
 pack, shuffle, the objective's on-the-fly masking, batch), drained as fast
@@ -69,51 +69,39 @@ def bench_pipeline(
   batches: int,
   model_flops_per_token: float,
   start_step: int = 0,
+  cached: bool = True,
 ) -> dict[str, Any]:
-  """Pipeline tokens/s (raw and cached ids) and the packing efficiency.
+  """The run's input stream from `start_step`, and the packing efficiency.
 
-  A prepared source has no tokenizing to cache: its figures are the
-  first batch at `start_step` and tokens/s from there.
+  first_batch_s and tokens_per_s are the stream the run reads (raw text or
+  prepared rows). For raw text with `cached`, the cached_* figures are the
+  same stream with data.cache_tokens on, timed after a first epoch fills
+  the cache (so they pay for packing, shuffling and masking only).
   """
-  batch_rows = config.data.batch_size
-  if prepared.is_prepared(config.data.source):
-    got = drain(
-      config, tokenizer, batches=batches, skip=2, start_step=start_step
-    )
-    return {
-      'cores': cores(),
-      'batch_size': batch_rows,
-      'seq_len': config.data.seq_len,
-      'start_step': start_step,
-      **got,
-      'model_flops_per_token': model_flops_per_token,
-      **_needed(model_flops_per_token),
-    }
-  epoch_rows = pipeline.rows_per_epoch(config, tokenizer)
-  epoch_batches = max(epoch_rows // batch_rows, 1)
   # A few batches warm tf.data's autotuner and the tokenizer up.
-  raw = drain(config, tokenizer, batches=batches, skip=2, start_step=start_step)
-  cached_config = config.copy_and_resolve_references()
-  cached_config.data.cache_tokens = True
-  # The first epoch fills the cache; the timed batches are all after it.
-  cached = drain(
-    cached_config, tokenizer, batches=batches, skip=epoch_batches + 1
+  stream = drain(
+    config, tokenizer, batches=batches, skip=2, start_step=start_step
   )
   out = {
     'cores': cores(),
-    'batch_size': batch_rows,
+    'batch_size': config.data.batch_size,
     'seq_len': config.data.seq_len,
-    'epoch_batches': epoch_batches,
     'start_step': start_step,
-    'first_batch_s': raw['first_batch_s'],
-    'raw_tokens_per_s': raw['tokens_per_s'],
-    'raw_tokens_per_s_per_core': raw['tokens_per_s_per_core'],
-    'cached_tokens_per_s': cached['tokens_per_s'],
-    'cached_tokens_per_s_per_core': cached['tokens_per_s_per_core'],
-    'non_pad_fraction': raw['non_pad_fraction'],
+    **stream,
     'model_flops_per_token': model_flops_per_token,
     **_needed(model_flops_per_token),
   }
+  if cached and not prepared.is_prepared(config.data.source):
+    epoch_rows = pipeline.rows_per_epoch(config, tokenizer)
+    epoch_batches = max(epoch_rows // config.data.batch_size, 1)
+    cached_config = config.copy_and_resolve_references()
+    cached_config.data.cache_tokens = True
+    got = drain(
+      cached_config, tokenizer, batches=batches, skip=epoch_batches + 1
+    )
+    out['epoch_batches'] = epoch_batches
+    out['cached_tokens_per_s'] = got['tokens_per_s']
+    out['cached_tokens_per_s_per_core'] = got['tokens_per_s_per_core']
   return out
 
 
