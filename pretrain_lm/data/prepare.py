@@ -60,15 +60,19 @@ import threading
 import time
 from typing import Any
 
-import apache_beam as beam
-import ml_collections
-import tensorflow as tf
-from absl import app, flags, logging
-from apache_beam.options.pipeline_options import PipelineOptions
+# Before TensorFlow loads: its C++ start-up lines, in the driver and in
+# every Beam worker (they inherit the environment), say nothing useful.
+os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 
-from pretrain_lm import objectives
-from pretrain_lm.data import pipeline, ranges, records, shards, sources
-from pretrain_lm.data import tokenizer as tokenizer_lib
+import apache_beam as beam  # noqa: E402
+import ml_collections  # noqa: E402
+import tensorflow as tf  # noqa: E402
+from absl import app, flags, logging  # noqa: E402
+from apache_beam.options.pipeline_options import PipelineOptions  # noqa: E402
+
+from pretrain_lm import objectives  # noqa: E402
+from pretrain_lm.data import pipeline, ranges, records, shards, sources  # noqa: E402
+from pretrain_lm.data import tokenizer as tokenizer_lib  # noqa: E402
 
 DEFAULT_BEAM_OPTIONS = (
   '--direct_running_mode=multi_processing',
@@ -498,7 +502,6 @@ def _parse_flags(argv: list[str]) -> list[str]:
 
 
 if __name__ == '__main__':
-  os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
   # Beam pickles the DoFn by reference: it must live in the module's real
   # name, not in __main__, for worker processes to import it.
   from pretrain_lm.data import prepare as _module

@@ -10,6 +10,7 @@ TFDS piece; bad input is raised or counted under data.bad_input
 
 import concurrent.futures
 import math
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -49,7 +50,10 @@ def _text_ranges(
       ranges.append(
         {
           'field': field,
-          'path': file.path,
+          # Absolute, so that provenance finds the file from any directory.
+          'path': file.path
+          if '://' in file.path
+          else os.path.abspath(file.path),
           'size': size,
           'start': size * k // pieces,
           'stop': size * (k + 1) // pieces,
