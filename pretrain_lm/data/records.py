@@ -4,12 +4,20 @@
 gs://):
 
 - `manifest.json`, written last and atomically: a directory without it is
-  not a prepared corpus. Its fields are listed in `Manifest`.
+  not a prepared corpus. It holds the format and version, row_length,
+  seq_len, packing, objective, the tokenizer (file, sha256, vocab_size,
+  special_ids), the source (spec, eval_spec, doc_format, bad-input policy,
+  fingerprint of the files' names and sizes), bad_input_counts, and per
+  split the rows, tokens, documents and shards (file, rows, tokens,
+  documents, bytes, sha256, and the input range: path, start, stop), and a
+  key hashing what decides the bytes.
 - `tokenizer.model`, the tokenizer the rows were made with
   (pretrain_lm.data.tokenizer reads every kind from that one file).
 - `{split}-{i:05d}-of-{n:05d}.array_record` for split 'train' and 'eval':
   shard i holds the packed rows of input range i (a byte range of one
   source file, or one piece of a TFDS split), in document order.
+- `stats/`: one JSON per input range, written when its shards are done;
+  a rerun skips those ranges, and the manifest is assembled from them.
 
 Each record is a serialized `tf.train.Example` with two int64 features:
 `input_ids` (exactly `row_length` ids, as `pipeline.pack` makes them, with
@@ -17,9 +25,15 @@ Each record is a serialized `tf.train.Example` with two int64 features:
 the row, in order, where its document starts: the byte offset in the
 shard's source file, or the example index in a TFDS piece). Segment ids and
 positions are not stored: `pipeline.row_features` derives them from the
-ids. Shards are written with ArrayRecord's `group_size:1`, so one record is
-one chunk and any row is read without its neighbours; any ArrayRecord
-reader (Grain's `ArrayRecordDataSource` included) reads them as they are.
+ids.
+
+Why ArrayRecord: it is a random-access format with an index of records in
+every file (read one row by its number, local or gs://), written and read
+by a maintained library that Grain, TFDS and MaxText use, so other JAX
+stacks read these shards as they are (Grain's `ArrayRecordDataSource`
+included). Shards are written with `group_size:1`: one record per chunk,
+so any row is read without its neighbours. Example protos keep the rows
+self-describing, at about two bytes per token.
 """
 
 import hashlib
