@@ -317,6 +317,12 @@ def test_bad_corpora_fail_naming_the_file_or_field(setup, tmp_path):
   flipped[len(data) // 2] ^= 0xFF
   shard.write_bytes(bytes(flipped))
   pipeline.train_dataset(_config(f'prepared:{d}'), tok)
+  # Reading the spoilt chunk fails naming the shard (Riegeli's hashes).
+  corpus = prepared.Corpus.cached(prepared.parse_source(f'prepared:{d}')[0])
+  first = corpus.split('train')['shards'][0]['rows']
+  with pytest.raises(ValueError, match='train-00001-of-00003.*hash'):
+    for i in range(first, first + corpus.shard_of('train', first)['rows']):
+      corpus.read('train', np.array([i]))
   _fails(_config(f'prepared:{d}', verify_checksums=True), tok, '00001.*SHA-256')
   # No manifest: an unfinished preparation.
   (d / records.MANIFEST).unlink()

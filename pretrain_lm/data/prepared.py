@@ -25,9 +25,11 @@ masks (seeded by (data.seed, k, n)), are the same for every host count that
 divides the batch.
 """
 
+import bisect
 import concurrent.futures
 import dataclasses
 import functools
+import itertools
 import os
 from collections.abc import Callable
 from typing import Any
@@ -209,9 +211,23 @@ class Corpus:
     ]
     return array_record_data_source.ArrayRecordDataSource(shards)
 
+  def shard_of(self, split: str, row: int) -> dict[str, Any]:
+    """The manifest entry of the shard that holds row `row` of `split`."""
+    shards = [s for s in self.split(split)['shards'] if s['rows']]
+    ends = list(itertools.accumulate(s['rows'] for s in shards))
+    return shards[bisect.bisect_right(ends, row)]
+
   def read(self, split: str, indices: np.ndarray) -> list[bytes]:
     """The serialized rows at global row `indices` of `split`."""
-    return self.source(split).__getitems__([int(i) for i in indices])
+    try:
+      return self.source(split).__getitems__([int(i) for i in indices])
+    except RuntimeError as e:  # Riegeli's hash checks, a vanished file
+      files = sorted({self.shard_of(split, int(i))['file'] for i in indices})
+      raise ValueError(
+        f'Prepared corpus {self.directory}: reading rows from '
+        f'{", ".join(files)} failed ({e}). Prepare the corpus again, or '
+        'find the shard with --config.data.verify_checksums=True.'
+      ) from None
 
 
 def _check_compatible(
@@ -245,8 +261,8 @@ def _check_compatible(
     raise ValueError(
       f'data.seq_len_schedule={d.seq_len_schedule!r} with prepared data: '
       'a prepared corpus has one row length. Set '
-      "--config.data.seq_len_schedule='' (or train each stage on a corpus "
-      'prepared with its data.seq_len).'
+      "--config.data.seq_len_schedule='' and data.seq_len to the corpus' "
+      'row length.'
     )
 
 

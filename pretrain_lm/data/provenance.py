@@ -11,9 +11,7 @@ running the job:
 or `python -m pretrain_lm.data.show_batch --config=... --step=N`.
 """
 
-import bisect
 import functools
-import itertools
 from typing import Any
 
 import ml_collections
@@ -24,14 +22,6 @@ from pretrain_lm.data import pipeline, prepared, records
 
 # The most text shown of one document.
 MAX_TEXT_BYTES = 2000
-
-
-def _shard_of(corpus: prepared.Corpus, row: int) -> tuple[dict, int]:
-  """(the shard's manifest entry, the row's index in it) of a train row."""
-  shards = [s for s in corpus.split('train')['shards'] if s['rows']]
-  ends = list(itertools.accumulate(s['rows'] for s in shards))
-  i = bisect.bisect_right(ends, row)
-  return shards[i], row - (ends[i] - shards[i]['rows'])
 
 
 def document_text(
@@ -75,7 +65,7 @@ def batch_documents(
   out = []
   for source, e, row in zip(k, epoch, rows, strict=True):
     corpus = stream.corpora[int(source)]
-    shard, _ = _shard_of(corpus, int(row))
+    shard = corpus.shard_of('train', int(row))
     record = records.decode_row(corpus.read('train', np.array([row]))[0])
     doc_format = corpus.manifest.get('source', {}).get('doc_format', 'line')
     source_path = shard['input']['path']
