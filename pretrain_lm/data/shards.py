@@ -33,7 +33,7 @@ TMP = '.tmp-'
 
 
 class _RowEncoder:
-  """records.encode_row's bytes, from one reused proto: 40x faster a row."""
+  """records.encode_row's bytes, from one reused proto (no proto per row)."""
 
   def __init__(self):
     self.example = tf.train.Example()
