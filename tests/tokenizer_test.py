@@ -4,6 +4,7 @@ import io
 import json
 import os
 
+import numpy as np
 import pytest
 import sentencepiece as spm
 import tensorflow as tf
@@ -197,11 +198,13 @@ def test_setup_respects_type_and_max_docs(small_source, texts, tmp_path):
   tok = tokenizer_lib.setup_tokenizer(
     config, vocab_size=VOCAB, workdir=str(tmp_path / 'run')
   )
+  # tokenizer_max_docs training documents, sampled across the source
+  # (seeded by data.seed, in stream order: sources.iter_texts).
+  rng = np.random.default_rng(config.seed)
+  train = _train_docs(texts)
+  sample = [train[i] for i in np.sort(rng.choice(len(train), 50, False))]
   want = tokenizer_lib.train_tokenizer(
-    _train_docs(texts)[:50],
-    str(tmp_path / 'ref.model'),
-    vocab_size=VOCAB,
-    model_type='bpe',
+    sample, str(tmp_path / 'ref.model'), vocab_size=VOCAB, model_type='bpe'
   )
   assert tok.model_bytes() == want.model_bytes()
 
