@@ -18,9 +18,9 @@ a few minutes on a laptop CPU with the bundled WikiText-2 corpus.
   boundary (packed segments are masked from each other) and positions
   restart at each document, so a document is computed as if it had a row
   of its own, yet short documents (a line of WikiText is a paragraph or a
-  heading) no longer leave most of a row as padding: 99% of the tokens are
-  text, against 57% with BERT's one-document rows (`doc_sentences`; see
-  experiments/benchmarks).
+  heading) do not leave most of a row as padding, as they do with BERT's
+  one-document rows (`doc_sentences`; the non-pad fractions are in
+  experiments/benchmarks/README.md).
 - `nsp`: the paper's setting, MLM + next-sentence prediction. Each row's
   document piece is split at a random point into A and B, and half the
   time B is replaced by text of another document (the pooled [CLS]

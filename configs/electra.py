@@ -52,8 +52,9 @@ def get_config(arg=None):
 
   if arg.size == 'small':
     # On the CPU, microbatches of 2,048 tokens (16 rows), not configlib's
-    # 1,024: the 128-row step 28% faster on a Zen 5 (8 or 4 rows: no
-    # faster).
+    # 1,024: the 128-row step runs faster in 16-row microbatches than as
+    # one batch, and no faster in 8- or 4-row ones
+    # (experiments/benchmarks/README.md, Levers tried).
     c.train.cpu_microbatch_tokens = 2048
 
   if arg.size == 'tiny':
