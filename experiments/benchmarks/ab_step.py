@@ -6,11 +6,11 @@ r"""A/B of train-step variants inside one process: a lever on and off.
 
 Compiles the config's train step (the one `pretrain_lm.main` runs) once per
 variant, then times the variants in alternating order on the same batch,
-round after round. On a shared VM the speed drifts by more than a lever is
-worth between two separate `pretrain_lm.bench` runs; alternating within
-one process lets the drift hit every variant alike. Prints each variant's
-median step and, per round, its ratio to the first. `--dtype=bfloat16`
-sets the config's model.dtype.
+round after round. On a shared machine the speed drifts by more than a
+lever is worth between two separate `pretrain_lm.bench` runs; alternating
+within one process lets the drift hit every variant alike. Prints each
+variant's median step and, per round, its ratio to the first.
+`--dtype=bfloat16` sets the config's model.dtype.
 
 Variants of dropout's mask draws (`layers.keep_mask`):
 - `flax`: jax.random.bernoulli, one threefry hash per element, as flax's
@@ -18,7 +18,7 @@ Variants of dropout's mask draws (`layers.keep_mask`):
 - a number of bits per element: `16` (layers.DROPOUT_BITS, the default)
   or `8`;
 - `16xor`: 16-bit draws from jax.random.bits, which XORs each hash's two
-  words into one (layers.random_words keeps both; the default until it);
+  words into one (layers.random_words keeps both);
 - `16loop`: both words, hashed by jax's threefry2x32 primitive (a 5-step
   loop on CPU) instead of layers.threefry2x32;
 - `none`: no masks at all, the floor that no draw can beat (it changes the
@@ -26,45 +26,45 @@ Variants of dropout's mask draws (`layers.keep_mask`):
 
 Variants of the encoder's last layer (dropout draws at the default):
 - `last`: the default, the last layer at the predicted positions only;
-- `last_full`: the last layer at every position, then gathered, as
-  before transformer.Stack took output positions.
+- `last_full`: the last layer at every position, then gathered (what
+  transformer.Stack computes without output positions).
 
 Variants of causal self-attention (decoders; model.causal_chunk):
 - `causal`: the default, query blocks against the keys up to each block's
   end (layers.causal_blocks);
-- `causal_full`: the whole L x L square, masked, as before.
+- `causal_full`: the whole L x L square, masked (one block).
 
 Variants of top-1 and sampling over the vocabulary (models/heads.py):
 - `vocab`: the default, heads.is_argmax for the token accuracies and
   heads.sample_categorical for ELECTRA's generator samples;
 - `vocab_jax`: jnp.argmax(logits) == labels and jax.random.categorical,
-  as before;
-- `vocab_gumbel`: the default's comparisons, and the Gumbel-max sampler
-  with block-wise argmax that heads.sample_categorical was until its
-  two-level inverse CDF.
+  jax's own;
+- `vocab_gumbel`: the default's comparisons, and a Gumbel-max sampler
+  with block-wise argmax in place of heads.sample_categorical's two-level
+  inverse CDF.
 
 Variants of T5's relative attention bias (model.position='relative'):
 - `relative`: the default, one [1, H, L, S] bias per stack from the
   query and key indices (layers.relative_bias_by_index);
 - `relative_rows`: each layer gathers a [B, H, L, S] bias at every row's
-  positions (layers.relative_bias), as before.
+  positions (layers.relative_bias).
 
 Variants of the MLM head's output bias (BERT, ELECTRA's generator):
 - `bias`: the default, its gradient summed over the predicted rows by
   layers.broadcast_rows (heads.add_vocab_bias);
-- `bias_sum`: `logits + bias`, XLA's reduce summing the gradient, as before.
+- `bias_sum`: `logits + bias`, XLA's reduce summing the gradient.
 
 Variants of the exact GELU (BERT, ELECTRA, BART, RoBERTa):
 - `gelu`: the default, Phi from erf (layers.gelu);
-- `gelu_erfc`: jax.nn.gelu(approximate=False), Phi from erfc, as before.
+- `gelu_erfc`: jax.nn.gelu(approximate=False), Phi from erfc.
 
 Variants of the dense projections (every family):
 - `project`: the default, each projection one 2-D matrix product over
   flat views of x and W (layers.project);
-- `project_einsum`: jnp.einsum over x's and W's own dims, as before.
+- `project_einsum`: jnp.einsum over x's and W's own dims.
 - `project_plain`: the default, except that low-precision operands
   (`--dtype=bfloat16`) take XLA's product in their own dtype and jax's
-  gradients, as before `layers.matmul_f32_acc`;
+  gradients, without `layers.matmul_f32_acc`;
 - `project_nn`: the default, except that a W stored [in, out] gets a
   custom gradient: x's gradient multiplies dy by a materialised copy of
   W^T ([out, in], behind an optimization barrier so XLA cannot fold the
@@ -154,8 +154,8 @@ def looped_hash(k1, k2, x1, x2):
 
 
 def gumbel_sample(rng, logits):
-  """The Gumbel-max sampler heads.sample_categorical was until
-  2026-11-28: a threefry word and two logs per entry, then the first
+  """A Gumbel-max sampler, the alternative to heads.sample_categorical's
+  inverse CDF: a threefry word and two logs per entry, then the first
   argmax found block by block."""
   u = jnp.maximum(heads._uniforms(rng, logits.shape), jnp.finfo('float32').tiny)
   x = logits.astype(jnp.float32) - jnp.log(-jnp.log(u))

@@ -13,7 +13,7 @@ function, by test file and by test, and the persistent-cache hits:
   python experiments/benchmarks/compile_log.py /tmp/compile_log
 
 Child processes (the CLI tests' runs, notebook kernels) are not logged.
-The figures are in README.md, "Ninth round" under "Test-suite time".
+The figures are in README.md, Test-suite time.
 """
 
 import collections

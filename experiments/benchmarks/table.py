@@ -34,7 +34,7 @@ def train_tables(rows: list[dict]) -> None:
     peer = r.get('peer_tokens_per_s')
     peer_s = f'{peer:,.0f}' if peer else '-'
     vs = f'{r["speedup_vs_peer"]:.2f}x' if peer else '-'
-    # The matmul timed after each round (runs since 2026-11-28 only).
+    # The matmul timed after each round (CPU runs whose JSON has it).
     in_turn = f'{r["mfu_in_turn"]:.0%}' if 'mfu_in_turn' in r else '-'
     print(
       f'| {name(r)} {overrides(r)} | {r["batch_size"]} x {r["seq_len"]} '

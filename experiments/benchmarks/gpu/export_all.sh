@@ -28,9 +28,8 @@ export_step bert_base_cudnn_nodropout "${BERT[@]}" \
 JAX_DEFAULT_PRNG_IMPL=unsafe_rbg export_step gpt2_small_cudnn_rbg \
   "${GPT[@]}" --config.model.attention_impl=cudnn
 # Layers under nn.scan: one layer's initialisation and step to compile
-# instead of twelve (or 24 for T5); on this CPU it cuts the initialisation's
-# compile from 8.9 to 2.9 s (BERT-base) and from 20.3 to 2.5 s (T5-base)
-# (experiments/benchmarks/init_compile.py).
+# instead of twelve (or 24 for T5), which cuts the initialisation's compile
+# several-fold (experiments/benchmarks/init_compile.py times it).
 export_step bert_base_cudnn_scan "${BERT[@]}" \
   --config.model.attention_impl=cudnn --config.model.scan_layers=True
 export_step t5_base_cudnn_scan "${T5[@]}" \

@@ -2,17 +2,17 @@
 # Times train steps exported by `python -m pretrain_lm.bench.export` on a
 # GPU machine that has JAX but not our input stack; run from the
 # repository root: run_device.sh DIR... (experiments/benchmarks/README.md,
-# "Train steps on one H200" and "... one H100", have the export commands
-# and the results).
+# Train step: GPU, has the export commands and the results).
 #
 # Two passes. First every DIR's init and step compile side by side, one
 # process each (`run_exported --compile_only`, shapes only, no device
 # memory), into JAX's persistent compilation cache: XLA:GPU compiles are
-# mostly single-threaded and took 35-110 s each, so compiling one after the
-# other spent most of a lease. Then each DIR is timed alone, in its own
-# process under a time limit (so one that fails or hangs leaves the others'
-# figures), loading its programs from the cache; the DIRs named in
-# $PROFILE (default: all) also get two profiled steps (bench/profile.py).
+# mostly single-threaded and take a minute or so each, so side by side
+# they take about the time of the slowest. Then each DIR is timed alone,
+# in its own process under a time limit (so one that fails or hangs leaves
+# the others' figures), loading its programs from the cache; the DIRs
+# named in $PROFILE (default: all) also get two profiled steps
+# (bench/profile.py).
 # The DIRs in $FLAGGED are compiled and timed a second time with
 # XLA_FLAGS=$FLAGGED_XLA_FLAGS (one change of XLA's own options).
 # Writes $OUT/machine.txt, compile.jsonl, gpu.jsonl and steps.log.
