@@ -428,8 +428,8 @@ def _write_shards_whole() -> None:
   shard is cut into one slice per replica so that several hosts share its
   writing. In one process the same process writes every slice, and each
   slice is a small XLA program compiled on the first save of its shape:
-  about 100 of them, 6 s of a tiny BERT's first save on a 2x2x2 mesh of CPU
-  devices, against 0.8 s with whole shards. Multi-host runs keep the
+  about 100 of them for a tiny BERT on a 2x2x2 mesh of CPU devices, whose
+  compiles made most of its first save. Multi-host runs keep the
   default, which is what it is for. The file format is the same either
   way (only the chunking differs), so restores do not care.
   """

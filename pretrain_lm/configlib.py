@@ -25,13 +25,11 @@ BEST_MODES = ('min', 'max')
 
 
 # train.compiler_options.cpu: the presets keep XLA's default, which hands
-# the matmuls and the reductions to YNNPACK. On a 2-core Zen 5 with
-# cache-sized microbatches (train.cpu_microbatch_tokens) it beat YNNPACK
-# off (BERT-base by 12%, GPT-2 small by 7.5%, BART-base even) and
-# YNNPACK for the matmuls only (T5-base by 9%, BART-base even). On an
-# older VM with whole-batch steps, YNNPACK off had won at width 768 by
-# 5-9% (experiments/benchmarks/README.md, "Microbatches for every
-# family, and YNNPACK with them").
+# the matmuls and the reductions to YNNPACK. With cache-sized microbatches
+# (train.cpu_microbatch_tokens) it beats or matches YNNPACK off and YNNPACK
+# for the matmuls only; with whole-batch steps YNNPACK off can win at width
+# 768, which a config may choose (experiments/benchmarks/README.md, Levers
+# tried).
 
 
 def compiler_options_field() -> ml_collections.ConfigDict:
@@ -317,16 +315,11 @@ def base_config() -> ml_collections.ConfigDict:
   # least. The step takes more microbatches (a multiple of
   # grad_accum_steps) until each is this small; the update is the same
   # batch's. A small microbatch keeps a layer's activations in the CPU's
-  # caches. On a 2-core Zen 5, 1,024 tokens made every family's step
-  # faster (experiments/benchmarks, "Microbatches that fit the caches" and
-  # "... for every family"): at their presets' shapes BERT-base 4%,
-  # RoBERTa-base 12-22%, ALBERT-base 23%, ELECTRA-base 25%, T5-base 12%;
-  # at tiny (32 x 128) 5-29% (ELECTRA 5%, BERT 19%, UL2 29%); BART-base
-  # 25% at 2,048 and 6-8% faster again at 1,024. ELECTRA-small and GPT-2
-  # (not tiny) set 2,048, their best. Two
-  # rows at least: each microbatch adds a pass over the gradients, and
-  # one-row microbatches lost to two-row ones in every A/B ("Two rows at
-  # least").
+  # caches: 1,024 tokens made every family's step faster than whole
+  # batches, at their presets' shapes and at tiny; ELECTRA-small and GPT-2
+  # (not tiny) set 2,048, their best (experiments/benchmarks/README.md,
+  # Levers tried). Two rows at least: each microbatch adds a pass over the
+  # gradients, which a one-row microbatch does not repay.
   c.train.cpu_microbatch_tokens = 1024
   c.train.log_every = 100
   c.train.eval_every = 10_000

@@ -242,9 +242,8 @@ def step_is_finite(loss, grad_norm, updates) -> jax.Array:
   rate, Adam's eps = 0 over a zero second moment, and finite updates so
   large that their squares overflow (a learning rate of 1e30, which would
   leave finite but ruined weights). It costs a pass over every parameter
-  before the select. Without it the step measured 2-7% faster on
-  BERT-small, mixed on ELECTRA-small and not faster on BERT-base
-  (experiments/benchmarks/README.md, "The non-finite step check").
+  before the select; dropping it saved little, and not on every model
+  (experiments/benchmarks/README.md, Levers tried).
   """
   return (
     jnp.isfinite(loss)
@@ -263,7 +262,7 @@ def apply_gradients(tx, params, opt_state, grads, loss):
   checked too (step_is_finite says why). XLA fuses optax's chain per
   array about as well as AdamW written out by hand; what costs is the
   update's norm before the select (experiments/benchmarks/README.md,
-  "The optimizer's passes").
+  Levers tried).
   """
   grad_norm = optax.global_norm(grads)
   updates, new_opt_state = tx.update(grads, opt_state, params)
@@ -496,9 +495,9 @@ def microbatches(
   tokens = _cpu_microbatch_tokens(config, mesh)
   if not tokens:
     return accum
-  # Each microbatch adds a pass over the gradients: one-row microbatches
-  # lost to two-row ones in every A/B (rows of 384-1024 tokens; see
-  # experiments/benchmarks/README.md, "Two rows at least").
+  # Each microbatch adds a pass over the gradients, which a one-row
+  # microbatch does not repay (experiments/benchmarks/README.md, Levers
+  # tried).
   rows = max(2, tokens // (seq_len or config.data.seq_len))
   batch = _field(config, batch_field)
   shards = mesh.shape['data'] * mesh.shape['fsdp']

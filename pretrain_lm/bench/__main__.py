@@ -17,8 +17,8 @@ Runs on whatever backend JAX finds, prints a table, then one JSON line.
   mfu_in_turn is the median of each round's step FLOP/s over that
   matmul's, a ratio a drifting machine moves little. For BERT-like
   masked LMs the peer, Hugging Face's Flax BERT, is timed on the same
-  batch (bench/peer.py), one step of each in turn, so that a machine whose
-  speed drifts slows both alike.
+  batch (bench/peer.py), one step of each alternately, so that a machine
+  whose speed drifts slows both alike.
 - pipeline: tokens/s of the training input pipeline from raw text and from
   cached token ids (or from a prepared corpus), per core, the fraction of
   non-pad tokens, and first_batch_s: the time from building the stream at
@@ -127,14 +127,14 @@ CPU_BATCH = 8
 def cpu_model() -> dict[str, str]:
   """The CPU's model name, family and widest vector extension (/proc/cpuinfo).
 
-  CPU figures depend on them: XLA's float32 matmul reached 0.48-0.53
-  TFLOP/s on an AVX-512 "AMD EPYC" and 0.13-0.16 on an AVX2 one. That
-  name does not tell AMD's generations apart; the family does: 26 is Zen
-  5, whose 512-bit units gave 0.38-0.46 TFLOP/s on two cores, 25 is Zen 3
-  (no AVX-512) or Zen 4 (AVX-512 on 256-bit units). `amx_bf16` (Intel's
-  bf16 matrix tiles) is named first where the CPU exposes it: on such a VM
-  a bf16 model moved 1.1-1.5x the float32 model's tokens a second
-  (experiments/benchmarks/README.md, "bfloat16 products on the CPU").
+  CPU figures depend on them: XLA's float32 matmul runs several times
+  faster with AVX-512 than with AVX2 alone. A model name such as "AMD
+  EPYC" does not tell AMD's generations apart; the family does: 26 is Zen
+  5 (512-bit units), 25 is Zen 3 (no AVX-512) or Zen 4 (AVX-512 on
+  256-bit units). `amx_bf16` (Intel's bf16 matrix tiles) is named first
+  where the CPU exposes it: bf16 products run on them, so a bf16 model
+  there can outrun the float32 one (experiments/benchmarks/README.md,
+  Train step: CPU).
   """
   try:
     with open('/proc/cpuinfo') as f:
@@ -179,7 +179,7 @@ def set_batch(config) -> None:
 
 
 def run_train(config, workdir: str) -> dict:
-  """Our step, its MFU, and the peer's step on the same batch, in turn."""
+  """Our step, its MFU, and the peer's step on the same batch, alternately."""
   from pretrain_lm.bench import peak, peer, step, timing  # noqa: PLC0415
 
   sizes = tuple(int(n) for n in _PEAK_SIZES.value) or peak.SIZES
@@ -207,8 +207,8 @@ def run_train(config, workdir: str) -> dict:
     pipelined = 0 if jax.default_backend() == 'cpu' else _STEPS.value
   if pipelined:
     # Each waited step above includes its dispatch; the training loop
-    # dispatches a step while the last one runs (10-21% of an H200's
-    # step sat idle between waited steps).
+    # dispatches a step while the last one runs, so that a GPU does not sit
+    # idle between steps.
     step_s = timing.time_pipelined(ours.run, steps=pipelined)
     result['step_s_pipelined'] = step_s
     result['tokens_per_s_pipelined'] = result['tokens_per_step'] / step_s

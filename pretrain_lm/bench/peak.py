@@ -92,12 +92,13 @@ def xla_matmul_flops(
 class InTurnMatmul:
   """XLA's n x n matmul, timed once a round between the steps.
 
-  A shared VM's speed drifts within a run (the survey's peak moved by 40%
-  from one run to the next on one VM), so a peak timed once, before the
-  steps, can credit the drift to the step. Called after each round of
-  timing.time_in_turn, this times `calls` matmuls (the fastest counts) at
-  the conditions of that round's steps, with XLA's defaults and, if given,
-  the step's compiler options (the faster counts, as in `peaks`).
+  A shared machine's speed drifts within a run and from one run to the
+  next (experiments/benchmarks/README.md, Method), so a peak timed once,
+  before the steps, can credit the drift to the step. Called after each
+  round of timing.time_in_turn, this times `calls` matmuls (the fastest
+  counts) at the conditions of that round's steps, with XLA's defaults
+  and, if given, the step's compiler options (the faster counts, as in
+  `peaks`).
   `flops` holds each round's FLOP/s.
   """
 

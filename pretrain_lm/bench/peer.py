@@ -108,7 +108,7 @@ def labels_from(batch: dict[str, np.ndarray]) -> tuple[np.ndarray, ...]:
 class PeerBench:
   """The peer's train step on `host_batch` (one device, no mesh), compiled.
 
-  Time `run` in turn with ours (timing.time_in_turn), then read
+  Time `run` alternately with ours (timing.time_in_turn), then read
   `figures()`.
   """
 

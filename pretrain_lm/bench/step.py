@@ -41,7 +41,7 @@ def pad_fraction(batch: dict[str, np.ndarray]) -> float:
 class TrainBench:
   """Our train step on one real batch of the config's pipeline, compiled.
 
-  Time `run` (timing.time_in_turn: alone, or in turn with the peer's),
+  Time `run` (timing.time_in_turn: alone, or alternately with the peer's),
   then read `figures()`.
   """
 

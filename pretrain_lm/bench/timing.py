@@ -42,8 +42,9 @@ def time_in_turn(
   """Runs warmup + steps rounds of one step of each run, timing the last.
 
   Every other round goes in reverse order. On a machine whose speed drifts
-  (a shared VM), timing one run after the other credits the drift to one
-  of them; in turn, it slows each alike and their ratio holds.
+  (one shared with other jobs), timing one run after the other credits
+  the drift to one of them; alternating, it slows each alike and their
+  ratio holds.
 
   Each call is waited for, so each time is one step's; dispatch overhead,
   which the training loop hides by running a step ahead, is included.

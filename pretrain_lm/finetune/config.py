@@ -118,11 +118,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.train.grad_accum_steps = 1
   # On the CPU only: at most this many tokens per microbatch on each
   # device (0: no limit), in two whole rows at least, as in pretraining;
-  # the update is the same batch's. On a 2-core Zen 5, 512 made
-  # fine-tuning steps 13-24% faster than whole batches (BERT-base,
-  # MiniLM, a tiny BERT; 32 x 128 and 32 x 64) and beat pretraining's
-  # 1,024 in four of five A/Bs (experiments/benchmarks/README.md,
-  # "Microbatches for fine-tuning").
+  # the update is the same batch's. 512, half pretraining's 1,024: it
+  # made the fine-tuning steps of BERT-base, MiniLM and a tiny BERT faster
+  # than whole batches, and mostly than 1,024
+  # (experiments/benchmarks/README.md, Levers tried).
   c.train.cpu_microbatch_tokens = 512
   c.train.seed = 0  # head init, dropout and the per-epoch shuffles
   c.train.log_every = 50

@@ -36,9 +36,9 @@ def gelu(x: Array) -> Array:
   This is PyTorch's `gelu` and the formula of BERT's and the Hugging Face
   models' exact GELU. jax.nn.gelu(approximate=False) takes Phi from erfc
   instead; XLA evaluates erfc as erf plus an exp and two more rational
-  approximations, selected per element. On this CPU the erf form is 30%
-  cheaper forward and 22% forward and backward
-  (experiments/benchmarks/README.md). Both are within 8e-7 of x Phi(x) in
+  approximations, selected per element, so on the CPU the erf form is the
+  cheaper, forward and backward (experiments/benchmarks/README.md, Levers
+  tried). Both are within 8e-7 of x Phi(x) in
   absolute terms, but 1 + erf cancels in the negative tail: the erf form's
   relative error is 5e-5 on [-3, -2], 2.5e-3 on [-4, -3] and grows below,
   where the erfc form stays within 4e-6.
@@ -129,11 +129,10 @@ def matmul_f32_acc(x2: Array, w2: Array, w_in: int) -> Array:
   XLA:CPU runs a bfloat16 product as bfloat16 (YNNPACK's kernels) only
   when its result is float32 and its first operand is [rows, contracted].
   A bfloat16 result, or the weight gradient's x2^T dy contracted over the
-  rows, it computes as a float32 product of upcast copies: 2.5-4x slower
-  on the benchmarks' Intel VM (AVX512-BF16 and AMX). So the weight
-  gradient multiplies a transposed copy (_rows_first). BERT-base's
-  bfloat16 train step there takes 0.53x as long (experiments/benchmarks/
-  README.md, "bfloat16 products on the CPU").
+  rows, it computes as a float32 product of upcast copies, several times
+  slower than bfloat16 kernels where the CPU has them (AVX512-BF16, AMX).
+  So the weight gradient multiplies a transposed copy (_rows_first)
+  (experiments/benchmarks/README.md, Levers tried).
   """
   dims = (((1,), (w_in,)), ((), ()))
   y2 = jax.lax.dot_general(x2, w2, dims, preferred_element_type=jnp.float32)
@@ -170,9 +169,9 @@ def project(equation: str, x: Array, w: Array) -> Array:
   W contracts the batch and length dims together, and for that product
   XLA:CPU writes the output's gradient out a second time, transposed (a
   [tokens, F] copy per MLP, attention projection and vocabulary head); the
-  flat views' gradient reads it as it is. That made the base-size train
-  steps 6-13% faster (experiments/benchmarks/README.md, "Projections as
-  2-D products"). bfloat16 and float16 operands go through
+  flat views' gradient reads it as it is, which made the base-size train
+  steps faster (experiments/benchmarks/README.md, Levers tried).
+  bfloat16 and float16 operands go through
   matmul_f32_acc. Other backends keep the einsum: a TPU tiles an array's
   last two dims, so merging H and K there is a copy of its own. Any other
   equation is an einsum.
@@ -250,11 +249,11 @@ def dense(
 # Dropout draws 16 random bits per element, four from each threefry hash
 # (two 32-bit words, two draws each); flax's nn.Dropout spends a whole hash
 # on every element. On CPU, 16-bit draws from jax.random.bits (which XORs a
-# hash's two words into one) made BERT-small's and BERT-base's train steps
-# 3-12% faster; keeping both words, with the hash written out below, took
-# BERT-small's another 2-3% (experiments/benchmarks/ab_step.py). 16 bits
-# keep the rate exact to 2^-16; 8 bits were not clearly faster and would
-# round a rate of 0.1 to 26/256.
+# hash's two words into one) made BERT's train steps faster, and keeping
+# both words, with the hash written out below, faster again
+# (experiments/benchmarks/README.md, Levers tried; ab_step.py times them).
+# 16 bits keep the rate exact to 2^-16; 8 bits were not clearly faster and
+# would round a rate of 0.1 to 26/256.
 DROPOUT_BITS = 16
 
 
@@ -519,7 +518,8 @@ def relative_bias_by_index(
   layer and row, and without a [B, L, S] gather: the table is read at the
   L + S - 1 offsets, and the square takes each entry's offset from those.
   (The [B, H, L, S] gather's gradient, a scatter-add into the 32-row
-  table, took 62% of T5-base's step on an H200.)
+  table, took most of T5-base's step on a GPU: experiments/benchmarks/
+  README.md, Levers tried.)
   """
   offsets = np.arange(-(L - 1), S)  # key index minus query index
   buckets = relative_bucket(
@@ -540,11 +540,10 @@ def broadcast_rows(x_1X: Array, rows: int) -> Array:
   sums the rows as a product with a vector of ones.
 
   A batch-shared bias's gradient is that sum. As a reduce over the leading
-  axis of [B, H, L, S], XLA:CPU takes 35x longer than as the product (72
-  against 2 ms for 4 x 12 x 512 x 512), which made T5-base's CPU step 3%
-  slower than gathering a bias per row. On an H200, XLA:GPU's reduce of
-  T5-base's 128 x 12 x 512 x 512 bf16 gradient took 0.22 ms a layer
-  (about 3.6 TB/s, from a profile), so other backends keep it.
+  axis of [B, H, L, S], XLA:CPU takes over an order of magnitude longer
+  than as the product, enough to make a shared bias slower than gathering
+  a bias per row. XLA:GPU's reduce runs at about the memory bandwidth, so
+  other backends keep it (experiments/benchmarks/README.md, Levers tried).
   """
   return jnp.broadcast_to(x_1X, (rows,) + x_1X.shape[1:])
 
@@ -627,8 +626,8 @@ def fused_attention(
   jax.nn's cuDNN attention hands cuDNN the boolean mask as an additive
   bias and, in jax 0.10, always asks for that bias's gradient: the
   backward pass then runs cuDNN's dbias kernel for a [B, 1, L, S] result
-  that no parameter reads (experiments/benchmarks, "Train steps on one
-  H200"). When the mask is the only bias (all but T5's self-attention,
+  that no parameter reads (experiments/benchmarks/README.md, Train step:
+  GPU). When the mask is the only bias (all but T5's self-attention,
   whose relative bias is learned), this binds the kernel jax.nn wraps
   with the bias's gradient off: its custom VJP then returns none for it.
   A learned bias goes through jax.nn, gradient and all. With `causal`,

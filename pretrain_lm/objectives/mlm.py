@@ -254,7 +254,7 @@ def _choose_spans(is_candidate, word_id, num_words, budget, seed, config):
 
   def body(k, room, span_of_word, eligible):
     anchor = tf.argmax(tf.where(eligible, priority, -1.0), output_type=tf.int32)
-    # Spans are disjoint: a span stops before a word an earlier one took,
+    # Spans are disjoint: a span stops before a word another one took,
     # and the budget clips it to the words that fit.
     taken_after = (span_of_word > 0) & (index > anchor)
     stop = tf.reduce_min(tf.where(taken_after, index, seq_len))
