@@ -197,7 +197,8 @@ def test_bench_train_reports_mfu_against_the_measured_peak(tmp_path):
     '--warmup=1',
     # On the CPU only when asked: the waited steps agree with it there.
     '--pipelined_steps=2',
-    # A quick peak: the survey at base-size matmuls takes 15-30 s here.
+    # A quick peak: the survey at base-size matmuls would take longer than
+    # the rest of the test.
     '--peak_sizes=256,512',
     f'--profile_dir={tmp_path}',
   )
@@ -593,7 +594,7 @@ def test_products_are_counted_per_form_and_run(tmp_path):
 def test_cpu_peak_is_the_faster_of_xla_defaults_and_the_steps_options(
   monkeypatch,
 ):
-  # A config that turns YNNPACK off (configs/bert.py at base) times its
+  # A config that turns YNNPACK off (train.compiler_options.cpu) times its
   # step without it: the peak its MFU divides by must not fall with it.
   calls = []
 

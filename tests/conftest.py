@@ -4,15 +4,14 @@ import os
 
 # Must happen before JAX is imported anywhere.
 # The suite is mostly XLA compiles of tiny models: skipping LLVM's costly
-# backend optimisations cuts the compile time by about a fifth and leaves
-# what is tested (partitioning, numerics to float32 round-off) alone. (Level
-# 1 runs steps faster but compiles slower: the whole suite was not faster,
-# experiments/benchmarks/README.md, "Test-suite time".) XLA's older
-# element-wise emitters, instead of its MLIR fusion emitters, compile a
-# quarter faster again (the compile-heavy test files 22% faster in an
-# interleaved A/B; the round-off differs in the last bits, as between any
-# two compiles). Child processes that want JAX's one CPU device get these
-# flags alone as their XLA_FLAGS.
+# backend optimisations cuts the compile time and leaves what is tested
+# (partitioning, numerics to float32 round-off) alone. (Level 1 runs steps
+# faster but compiles slower, which does not pay for a suite of tiny
+# steps.) XLA's older element-wise emitters, instead of its MLIR fusion
+# emitters, compile faster again (the round-off differs in the last bits,
+# as between any two compiles). Both are timed in
+# experiments/benchmarks/README.md, Test-suite time. Child processes that
+# want JAX's one CPU device get these flags alone as their XLA_FLAGS.
 COMPILE_FLAGS = (
   '--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true'
   ' --xla_cpu_use_fusion_emitters=false'

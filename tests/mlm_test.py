@@ -512,7 +512,7 @@ def test_spans_are_contiguous_whole_words_within_a_document(
 
 def test_long_rows_realise_the_span_length_distribution():
   # One 510-word document: budget 76 tokens = words, so few spans are cut
-  # short (by the budget, a document end or an earlier span).
+  # short (by the budget, a document end or a span placed before).
   rows = np.full([200, 512], 5, np.int32)
   rows[:, 0], rows[:, -1] = CLS, SEP
   _, units = _mask_units(rows, _seeds(len(rows)), masking='span')

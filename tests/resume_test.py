@@ -19,8 +19,9 @@ XLNet's permutations) are folded from the state's RNG and step. The
 default run checks every objective's stream restarting at its batch here,
 and configs_test restores every preset's whole state bit for bit; this
 file resumes MLM across processes (with the restores onto smaller meshes),
-and every other objective under `make test-all` (slow: the ten took
-210 s on a 2-core machine, MLM with its restores 58 s).
+and every other objective under `make test-all` (slow: the ten together
+take several times what MLM with its restores does;
+experiments/benchmarks/README.md, Test-suite time).
 """
 
 import glob
