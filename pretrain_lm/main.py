@@ -8,17 +8,12 @@ exit code 75 (signal; checkpoint saved) asks for that, 65 (diverged: too many
 non-finite steps in a row) does not. Multi-host: run it on every host.
 """
 
-import os
 import sys
 
-# TensorFlow is only the input pipeline: keep its C++ logs quiet and keep it
-# off accelerators (pipeline.py also hides GPUs from it).
-os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+from absl import app, flags, logging
+from ml_collections import config_flags
 
-from absl import app, flags, logging  # noqa: E402
-from ml_collections import config_flags  # noqa: E402
-
-from pretrain_lm import distributed, validate, xla_flags  # noqa: E402
+from pretrain_lm import distributed, validate, xla_flags
 
 _CONFIG = config_flags.DEFINE_config_file(
   'config',

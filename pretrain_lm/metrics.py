@@ -96,6 +96,8 @@ class MetricWriter:
     self._jsonl.flush()
     if not console:
       return
+    if self._bar is not None and clean.get('loss') is not None:
+      self._bar.set_postfix_str(f'loss={_fmt(clean["loss"])}', refresh=False)
     # The console shows a NaN or inf loss as it is; only JSON needs null.
     line = ' '.join(
       f'{k}={_fmt(float(v))}'

@@ -8,7 +8,6 @@ objective's random choices (e.g. MLM masks) use a stateless seed from
 a pure function of the config and a restart at any batch reproduces it.
 """
 
-import contextlib
 from collections.abc import Iterator
 
 import ml_collections
@@ -19,11 +18,6 @@ from pretrain_lm import objectives
 from pretrain_lm.data import prepared, sources
 from pretrain_lm.data import tokenizer as tokenizer_lib
 from pretrain_lm.data.sources import no_autograph
-
-# TF is only the input pipeline: keep it off the accelerators, whose memory
-# belongs to JAX.
-with contextlib.suppress(RuntimeError):  # raised if TF already started
-  tf.config.set_visible_devices([], 'GPU')
 
 PACKINGS = ('full_sentences', 'doc_sentences', 'concat')
 # Salts that keep the shuffle seeds and the per-row seeds independent.
