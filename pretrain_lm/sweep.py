@@ -478,6 +478,11 @@ def summary_rows(workdir_root: str) -> tuple[list[str], list[list[str]]]:
   """(header, rows): overrides, last step, train loss, eval metrics per run."""
   import tensorflow as tf
 
+  if not tf.io.gfile.isdir(workdir_root):
+    raise SweepError(
+      f'{workdir_root} is not a directory: --summarize takes the '
+      '--workdir_root of a sweep, or a directory of training workdirs.'
+    )
   path = join(workdir_root, SWEEP_FILE)
   if tf.io.gfile.exists(path):
     with tf.io.gfile.GFile(path) as f:

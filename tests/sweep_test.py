@@ -394,3 +394,11 @@ def test_tiny_sweep_end_to_end(tmp_path, capsys, monkeypatch):
   assert out.count('[skip]') == 2
   assert '[start]' not in out
   assert '2 runs: 2 already finished, 0 ran, 0 failed.' in out
+
+
+def test_summarize_missing_directory_is_a_message(tmp_path, capsys):
+  missing = str(tmp_path / 'no_such_sweep')
+  assert sweep.main(['--summarize', missing]) == 2
+  err = capsys.readouterr().err
+  assert err.startswith(f'error: {missing} is not a directory')
+  assert 'Traceback' not in err
