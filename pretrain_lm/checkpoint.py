@@ -31,11 +31,13 @@ Guarantees (tests/checkpoint_test.py, tests/fault_test.py):
              deleted (see `retained_steps`).
 """
 
+import contextlib
 import datetime
 import functools
 import hashlib
 import importlib.metadata
 import json
+import logging as std_logging
 import math
 import os
 import re
@@ -461,6 +463,25 @@ def _write_shards_whole() -> None:
     absl_logger.removeFilter(quiet)
 
 
+class _ReadOnlyNotice(std_logging.Filter):
+  """Drops Orbax's warning that a manager opened read-only is read-only."""
+
+  def filter(self, record: std_logging.LogRecord) -> bool:
+    return record.msg != 'Given directory is read only=%s'
+
+
+@contextlib.contextmanager
+def _without_read_only_notice():
+  """Loading a checkpoint (a notebook, inspect) is read-only by request."""
+  notice = _ReadOnlyNotice()
+  logger = std_logging.getLogger('absl')
+  logger.addFilter(notice)
+  try:
+    yield
+  finally:
+    logger.removeFilter(notice)
+
+
 class Checkpointer:
   """Saves and restores (TrainState, meta) pairs under `workdir/checkpoints`."""
 
@@ -493,7 +514,7 @@ class Checkpointer:
       # Retention is ours (`retained_steps`): Orbax keeps everything.
       max_to_keep=None,
       # The training loop decides when to save; every call is honoured.
-      save_interval_steps=1,
+      save_interval_steps=0 if read_only else 1,
       enable_async_checkpointing=async_save,
       create=not read_only,
       read_only=read_only,
@@ -506,14 +527,15 @@ class Checkpointer:
     )
     # Handlers named up front: a manager that has not saved yet (a restart)
     # can then read the state's tree metadata before restoring it.
-    self.manager = ocp.CheckpointManager(
-      directory,
-      item_handlers={
-        'state': ocp.StandardCheckpointHandler(),
-        'meta': ocp.JsonCheckpointHandler(),
-      },
-      options=options,
-    )
+    with _without_read_only_notice():
+      self.manager = ocp.CheckpointManager(
+        directory,
+        item_handlers={
+          'state': ocp.StandardCheckpointHandler(),
+          'meta': ocp.JsonCheckpointHandler(),
+        },
+        options=options,
+      )
 
   # -- Directory housekeeping.
 

@@ -21,17 +21,14 @@ import os
 import sys
 from typing import Any
 
-# TensorFlow only reads files here: keep its C++ logs quiet.
-os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+import jax
+import orbax.checkpoint as ocp
+import tensorflow as tf
+from absl import logging
+from etils import epath
 
-import jax  # noqa: E402
-import orbax.checkpoint as ocp  # noqa: E402
-import tensorflow as tf  # noqa: E402
-from absl import logging  # noqa: E402
-from etils import epath  # noqa: E402
-
-from pretrain_lm import checkpoint as checkpoint_lib  # noqa: E402
-from pretrain_lm.data import tokenizer as tokenizer_lib  # noqa: E402
+from pretrain_lm import checkpoint as checkpoint_lib
+from pretrain_lm.data import tokenizer as tokenizer_lib
 
 
 def _flatten(tree: Any, prefix: str = '') -> dict[str, Any]:

@@ -75,7 +75,7 @@ def test_other_lines_written_while_importing_still_show():
   assert result.stderr == REAL
 
 
-def test_training_prints_no_tensorflow_lines(tmp_path):
+def test_training_and_loading_print_no_library_lines(tmp_path):
   result = subprocess.run(
     [
       sys.executable,
@@ -95,3 +95,9 @@ def test_training_prints_no_tensorflow_lines(tmp_path):
   )
   assert result.stderr == '', result.stderr
   assert result.stdout.startswith('step 1: '), result.stdout
+  # In a notebook: no TensorFlow, Orbax or absl lines either.
+  loaded = run_python(
+    f'import pretrain_lm\nprint(pretrain_lm.load({str(tmp_path)!r}).step)'
+  )
+  assert loaded.stderr == '', loaded.stderr
+  assert loaded.stdout.strip() == '2'

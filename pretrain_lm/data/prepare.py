@@ -50,7 +50,6 @@ of tensorflow, tensorflow-text and array_record as here, and a gs:// output
 and source they can read.
 """
 
-import contextlib
 import hashlib
 import json
 import os
@@ -60,19 +59,15 @@ import threading
 import time
 from typing import Any
 
-# Before TensorFlow loads: its C++ start-up lines, in the driver and in
-# every Beam worker (they inherit the environment), say nothing useful.
-os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+import apache_beam as beam
+import ml_collections
+import tensorflow as tf
+from absl import app, flags, logging
+from apache_beam.options.pipeline_options import PipelineOptions
 
-import apache_beam as beam  # noqa: E402
-import ml_collections  # noqa: E402
-import tensorflow as tf  # noqa: E402
-from absl import app, flags, logging  # noqa: E402
-from apache_beam.options.pipeline_options import PipelineOptions  # noqa: E402
-
-from pretrain_lm import objectives  # noqa: E402
-from pretrain_lm.data import pipeline, ranges, records, shards, sources  # noqa: E402
-from pretrain_lm.data import tokenizer as tokenizer_lib  # noqa: E402
+from pretrain_lm import objectives
+from pretrain_lm.data import pipeline, ranges, records, shards, sources
+from pretrain_lm.data import tokenizer as tokenizer_lib
 
 DEFAULT_BEAM_OPTIONS = (
   '--direct_running_mode=multi_processing',
@@ -93,9 +88,6 @@ class WriteShardFn(beam.DoFn):
     self.output, self.settings = output, settings
 
   def setup(self):
-    # TF is only the reader and packer here: keep it off accelerators.
-    with contextlib.suppress(RuntimeError):
-      tf.config.set_visible_devices([], 'GPU')
     path = os.path.join(self.output, records.TOKENIZER_FILE)
     self.tokenizer = tokenizer_lib.load_tokenizer(path)
     sha = hashlib.sha256(self.tokenizer.model_bytes()).hexdigest()

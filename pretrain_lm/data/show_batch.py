@@ -8,12 +8,9 @@ batch); nothing is trained and no checkpoint is read.
 """
 
 import json
-import os
 
-os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
-
-from absl import app, flags  # noqa: E402
-from ml_collections import config_flags  # noqa: E402
+from absl import app, flags
+from ml_collections import config_flags
 
 _CONFIG = config_flags.DEFINE_config_file(
   'config', None, 'The run config, e.g. configs/bert.py:size=base.'
