@@ -4,26 +4,33 @@ VENV := .venv
 PY := $(VENV)/bin/python
 # Files of the test extra's packages that only Python 3.12 can compile.
 PY312_ONLY := torch/testing/_internal/py312_intrinsics\.py$$
-# Quiet TensorFlow's C++ start-up banner.
-export TF_CPP_MIN_LOG_LEVEL ?= 2
+# pip byte-compiles on one core (half an install's time); compileall on all
+# of them. One torch test file is Python 3.12 syntax, which pip skips too;
+# any other file that does not compile stops the install.
+COMPILE := $(PY) -m compileall -qq -j 0 -x '$(PY312_ONLY)' $(VENV)/lib
 
 .PHONY: quickstart test test-all bench lint format clean
 
-# The venv is rebuilt whenever the package metadata changes.
+# The venv is rebuilt whenever the package metadata changes. The quickstart
+# needs the package alone; `make test` adds the test extra (torch,
+# transformers, Beam, Jupyter) on top.
 $(VENV)/.installed: setup.cfg pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found; set PYTHON=/path/to/python3.11" >&2; exit 1; }
+	rm -f $(VENV)/.test-installed
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet --no-compile -e .
+	$(COMPILE)
+	touch $@
+
+$(VENV)/.test-installed: $(VENV)/.installed
 	$(PY) -m pip install --quiet --no-compile -e ".[test]"
-	@# pip byte-compiles on one core (half the install's time); compileall
-	@# on all of them. One torch test file is Python 3.12 syntax, which pip
-	@# skips too; any other file that does not compile stops the install.
-	$(PY) -m compileall -qq -j 0 -x '$(PY312_ONLY)' $(VENV)/lib
+	$(COMPILE)
 	touch $@
 
 # The benchmarks' peer (pretrain_lm/bench/peer.py) needs transformers 4.x,
 # the last with Flax: it goes into its own directory, outside site-packages.
-$(VENV)/peer/.installed: $(VENV)/.installed pretrain_lm/bench/__init__.py
+$(VENV)/peer/.installed: $(VENV)/.test-installed pretrain_lm/bench/__init__.py
 	rm -rf $(VENV)/peer
 	$(PY) -m pip install --quiet --no-deps --target $(VENV)/peer \
 	    $$($(PY) -c 'import pretrain_lm.bench as b; print(*b.PEER_PACKAGES)')
@@ -33,27 +40,27 @@ quickstart: $(VENV)/.installed
 	$(PY) -m pretrain_lm.main --config=configs/bert.py:size=tiny --workdir=workdirs/quickstart
 
 # Two workers: the suite is mostly XLA compiles, which use one core each.
-test: $(VENV)/.installed $(VENV)/peer/.installed
+test: $(VENV)/.test-installed $(VENV)/peer/.installed
 	$(PY) -m pytest -q -n 2
 
 # Includes tests marked `slow`.
-test-all: $(VENV)/.installed $(VENV)/peer/.installed
+test-all: $(VENV)/.test-installed $(VENV)/peer/.installed
 	$(PY) -m pytest -q -n 2 -m ''
 
 # The default benchmarks (a few minutes on a laptop CPU): BERT-small's train
 # step against the peer, its input pipeline, and GPT-2 small's decoding.
 # Result tables and commands for every model: experiments/benchmarks.
 BENCH := $(PY) -m pretrain_lm.bench
-bench: $(VENV)/.installed $(VENV)/peer/.installed
+bench: $(VENV)/.test-installed $(VENV)/peer/.installed
 	$(BENCH) --config=configs/bert.py:size=small
 	$(BENCH) --config=configs/bert.py:size=small --what=pipeline
 	$(BENCH) --config=configs/gpt.py:size=small --what=decode --repeats=1
 
-lint: $(VENV)/.installed
+lint: $(VENV)/.test-installed
 	$(VENV)/bin/ruff check pretrain_lm configs tests experiments
 	$(VENV)/bin/ruff format --check pretrain_lm configs tests experiments
 
-format: $(VENV)/.installed
+format: $(VENV)/.test-installed
 	$(VENV)/bin/ruff format pretrain_lm configs tests experiments
 	$(VENV)/bin/ruff check --fix pretrain_lm configs tests experiments
 
