@@ -12,7 +12,8 @@ params and tokenizer as plain attributes, and
   and of every layer (feature extraction, ELMo's scalar mix), optionally
   pooled;
 - `m.embed_sentences(texts)`: one vector per text, Sentence-BERT's mean, max
-  or [CLS] pooling, unit-normalised for retrieval.
+  or [CLS] pooling, unit-normalised for retrieval;
+- `m(batch)`: the model's raw outputs for a feature batch.
 
 Texts are framed as the family's pretraining rows were: [CLS] text [SEP]
 where rows started with [CLS] (every packing but GPT's and T5's 'concat'),
@@ -43,7 +44,7 @@ import tensorflow as tf
 from flax import linen as nn
 
 from pretrain_lm import checkpoint as checkpoint_lib
-from pretrain_lm import sharding
+from pretrain_lm import objectives, sharding
 from pretrain_lm.data import tokenizer as tokenizer_lib
 from pretrain_lm.models import MODELS, ModelConfig, decoder, decoding
 from pretrain_lm.models import encoder_decoder as encoder_decoder_lib
@@ -139,7 +140,19 @@ def _as_list(texts: str | Sequence[str]) -> tuple[list[str], bool]:
 class Pretrained:
   """A model, its params and tokenizer: plain objects, nothing hidden.
 
-  `mesh` is the mesh the params are sharded over (None: one device).
+  Made by `load`; each method documents which families it serves.
+
+  Attributes:
+    config: the run's resolved config (the workdir's config.json).
+    model: the Flax module (`pretrain_lm.models.MODELS[family]`).
+    params: its parameters, as restored from the checkpoint.
+    tokenizer: the run's tokenizer (the workdir's tokenizer.model).
+    step: the checkpoint's training step.
+    mesh: the mesh the params are sharded over (None: one device).
+
+  Example:
+    m = pretrain_lm.load('workdirs/quickstart')  # make quickstart
+    m.family, m.step, m.tokenizer.vocab_size
   """
 
   config: ml_collections.ConfigDict
@@ -161,7 +174,16 @@ class Pretrained:
 
   @contextlib.contextmanager
   def context(self):
-    """The mesh and logical axis rules the model's constraints need."""
+    """The mesh and logical axis rules the model's constraints need.
+
+    Wrap direct `m.model.apply(...)` calls in it when loaded with a mesh
+    (the methods here enter it themselves); without a mesh it does nothing.
+
+    Example:
+      with m.context():
+        out = m.model.apply({'params': m.params}, batch,
+                            deterministic=True)
+    """
     if self.mesh is None:
       yield
       return
@@ -172,7 +194,22 @@ class Pretrained:
       yield
 
   def __call__(self, batch: dict[str, Any]) -> dict[str, jax.Array]:
-    """The model's outputs (e.g. `hidden`) for a feature batch, no dropout."""
+    """The model's outputs for a feature batch, without dropout.
+
+    Args:
+      batch: the model's input features as arrays, e.g. {'input_ids':
+        int32[B, L]} (an encoder-decoder takes 'encoder_input_ids' and
+        'decoder_input_ids'); see the family's model in pretrain_lm.models.
+
+    Returns:
+      The model's output dict, e.g. 'hidden' [B, L, D] and 'logits' or
+      'mlm_logits' [B, L, V].
+
+    Example:
+      m = pretrain_lm.load('workdirs/gpt_tiny')
+      ids = [m.tokenizer.encode('ROMEO:')]
+      m({'input_ids': ids})['logits'].shape  # (1, 6, model vocab_size)
+    """
     batch = {k: jnp.asarray(v) for k, v in batch.items()}
     fn = self._jit(
       ('apply',),
@@ -302,6 +339,11 @@ class Pretrained:
 
     Returns:
       A FillMask (a list of them for a list of texts).
+
+    Example:
+      m = pretrain_lm.load('workdirs/quickstart')  # make quickstart
+      out = m.fill_mask('The capital of France is [MASK].', top_k=3)
+      out.text, [c.token for c in out.candidates[0]]
     """
     if self.family not in _MLM_FAMILIES:
       raise ValueError(
@@ -378,9 +420,49 @@ class Pretrained:
 
   # Generation.
 
-  def _reserved_ids(self) -> int:
-    """Ids after the tokenizer's (T5's sentinels, UL2's mode tokens)."""
-    return self.model.cfg.vocab_size - self.tokenizer.vocab_size
+  def _num_sentinels(self) -> int:
+    """How many ids after the tokenizer's are T5 sentinels.
+
+    Only objectives that reserve ids (span corruption, UL2) have sentinels;
+    the model's other ids past the tokenizer's (UL2's mode tokens, rows
+    padded to a round vocab_size) are never text.
+    """
+    objective = self.config.get('objective', {})
+    name = objective.get('name')
+    if name not in objectives.OBJECTIVES:
+      return 0
+    if not objectives.num_reserved_ids(objectives.OBJECTIVES[name], objective):
+      return 0
+    free = self.model.cfg.vocab_size - self.tokenizer.vocab_size
+    return max(0, min(objective.get('num_sentinels', 0), free))
+
+  def _output_ids(self) -> np.ndarray:
+    """bool[model vocab]: the ids generate may emit.
+
+    The tokenizer's ids and the sentinels (which a span-corruption decoder
+    writes before each span), but not the model's other rows past the
+    tokenizer's: a vocabulary padded to a round size has rows no text maps
+    to, and an untrained or short run can rank them first. [PAD] and
+    [MASK] are never a target either (unless the tokenizer shares them
+    with [SEP], [CLS] or [UNK], as GPT-2's end-of-text does).
+    """
+    tok = self.tokenizer
+    allowed_V = np.zeros(self.model.cfg.vocab_size, bool)
+    allowed_V[: tok.vocab_size + self._num_sentinels()] = True
+    kept = {tok.sep_id, tok.cls_id, tok.unk_id}
+    never = {tok.pad_id, tok.mask_id} - kept
+    allowed_V[[i for i in never if 0 <= i < len(allowed_V)]] = False
+    return allowed_V
+
+  def _step_fn(self, params) -> decoding.StepFn:
+    """The model's decoding step, restricted to _output_ids().
+
+    Every generate path (greedy, sampling, beam search; decoder and
+    encoder-decoder) decodes through this function.
+    """
+    family = decoder if self.family == 'decoder' else encoder_decoder_lib
+    step = family.step_fn(self.model.cfg, params)
+    return decoding.restrict_vocab(step, self._output_ids())
 
   def _sentinel_id(self, marker: str) -> int:
     """The id of '<extra_id_k>': the tokenizer's piece, or a reserved id."""
@@ -389,10 +471,10 @@ class Pretrained:
     if len(native) == 1 and tok.decode(native) == marker:
       return native[0]
     k = int(_SENTINEL.fullmatch(marker).group(1))
-    if k >= self._reserved_ids():
+    if k >= self._num_sentinels():
       raise ValueError(
-        f'{marker} in the prompt: this model has {self._reserved_ids()} '
-        'ids after the tokenizer (span corruption sentinels).'
+        f'{marker} in the prompt: this model has {self._num_sentinels()} '
+        "span corruption sentinels after the tokenizer's ids."
       )
     return tok.vocab_size + k
 
@@ -411,7 +493,19 @@ class Pretrained:
     return ids
 
   def decode(self, ids: Sequence[int]) -> str:
-    """Text of ids; ids past the tokenizer's read <extra_id_k> (T5)."""
+    """The text of token ids; ids past the tokenizer's read <extra_id_k>.
+
+    Args:
+      ids: token ids, e.g. a generated row; id tokenizer.vocab_size + k is
+        T5's k-th sentinel.
+
+    Returns:
+      The text ([PAD] skipped).
+
+    Example:
+      m = pretrain_lm.load('workdirs/gpt_tiny')
+      m.decode(m.tokenizer.encode('ROMEO:'))  # 'ROMEO:'
+    """
     tok = self.tokenizer
     text, run = [], []
     for i in map(int, ids):
@@ -434,25 +528,22 @@ class Pretrained:
     cfg = self.model.cfg
 
     def run(params, prompt_BT, rng):
+      T = prompt_BT.shape[1]
+      cache = decoder.prefill(cfg, params, prompt_BT, T + max_new_tokens)
+      # Continue from the prompt's last token, at position T - 1.
+      start = (self._step_fn(params), cache, prompt_BT[:, -1], T - 1)
       if sampling['num_beams'] > 1:
-        T = prompt_BT.shape[1]
-        cache = decoder.prefill(cfg, params, prompt_BT, T + max_new_tokens)
         ids_BWT, _ = decoding.beam_search(
-          decoder.step_fn(cfg, params),
-          cache,
-          prompt_BT[:, -1],
-          T - 1,
+          *start,
           num_steps=max_new_tokens,
           beam_size=sampling['num_beams'],
           eos_id=eos_id,
           pad_id=self.tokenizer.pad_id,
         )
         return ids_BWT[:, 0]
-      return decoder.generate(
-        cfg,
-        params,
-        prompt_BT,
-        max_new_tokens=max_new_tokens,
+      return decoding.sample(
+        *start,
+        num_steps=max_new_tokens,
         rng=rng,
         temperature=sampling['temperature'],
         top_k=sampling['top_k'],
@@ -466,21 +557,30 @@ class Pretrained:
     cfg = self.model.cfg
 
     def run(params, batch, rng):
-      out = encoder_decoder_lib.generate(
-        cfg,
-        params,
-        batch,
-        # The decoder's rows start with [CLS] (span_corruption, denoising).
-        start_id=self.tokenizer.cls_id,
-        max_new_tokens=max_new_tokens,
-        eos_id=eos_id,
-        beam_size=sampling['num_beams'] if sampling['num_beams'] > 1 else 0,
+      cache = encoder_decoder_lib.start_decoding(
+        cfg, params, batch, max_new_tokens
+      )
+      rows = batch['encoder_input_ids'].shape[0]
+      # The decoder's rows start with [CLS] (span_corruption, denoising).
+      first_B = jnp.full((rows,), self.tokenizer.cls_id, jnp.int32)
+      start = (self._step_fn(params), cache, first_B, 0)
+      if sampling['num_beams'] > 1:
+        ids_BWT, _ = decoding.beam_search(
+          *start,
+          num_steps=max_new_tokens,
+          beam_size=sampling['num_beams'],
+          eos_id=eos_id,
+        )
+        return ids_BWT[:, 0]
+      return decoding.sample(
+        *start,
+        num_steps=max_new_tokens,
         rng=rng,
         temperature=sampling['temperature'],
         top_k=sampling['top_k'],
         top_p=sampling['top_p'],
+        eos_id=eos_id,
       )
-      return out[0][:, 0] if sampling['num_beams'] > 1 else out
 
     return run
 
@@ -506,6 +606,12 @@ class Pretrained:
     Prompts of a list are decoded together when their lengths allow
     (decoder prompts in groups of equal token count).
 
+    Only ids the model can mean as output are generated: the tokenizer's
+    ids and the span-corruption sentinels, without [PAD] and [MASK]. The
+    model's other rows (a vocab_size padded past the tokenizer's, UL2's
+    mode tokens) get -inf logits before greedy search, sampling and beam
+    search alike.
+
     Args:
       prompt: the text, or a list of texts.
       max_new_tokens: how many tokens to generate (at most).
@@ -519,6 +625,15 @@ class Pretrained:
 
     Returns:
       The generated text without the prompt (a list for a list of prompts).
+
+    Example:
+      # Trained by: python -m pretrain_lm.main
+      #   --config=configs/gpt.py:size=tiny --workdir=workdirs/gpt_tiny
+      m = pretrain_lm.load('workdirs/gpt_tiny')
+      m.generate('ROMEO:', max_new_tokens=50, temperature=0.8, top_k=40)
+      m.generate(['ROMEO:', 'JULIET:'], 20, temperature=0)  # greedy
+      t5 = pretrain_lm.load('workdirs/t5_tiny')  # configs/t5.py:size=tiny
+      t5.generate('The capital <extra_id_0> France.', num_beams=4)
     """
     if self.family not in _GENERATE_FAMILIES:
       raise ValueError(
@@ -695,6 +810,13 @@ class Pretrained:
 
     Returns:
       Embeddings (numpy arrays).
+
+    Example:
+      m = pretrain_lm.load('workdirs/quickstart')  # make quickstart
+      feats = m.embed(['a short text', 'another'], layers='all',
+                      pooling='mean')
+      feats.states.shape  # (num_states, 2, L, D)
+      feats.pooled.shape  # (num_states, 2, D)
     """
     indices, squeeze = self._layer_indices(layers)
     if pooling not in (None, *POOLINGS):
@@ -750,6 +872,14 @@ class Pretrained:
       normalize: scale each vector to unit L2 norm (cosine = dot product).
       layer: the state pooled ('last', or an index as in embed).
       batch_size: the most rows per model call.
+
+    Returns:
+      float32[N, D], rows in the order of the texts.
+
+    Example:
+      m = pretrain_lm.load('workdirs/quickstart')  # make quickstart
+      v = m.embed_sentences(['a cat sat', 'a dog sat', 'stocks fell'])
+      v @ v.T  # cosine similarities
     """
     if isinstance(layer, str) and layer != 'last':
       raise ValueError(f"layer={layer!r}: use 'last' or one state index.")
@@ -763,7 +893,21 @@ class Pretrained:
 
 
 def pool(states_SNLD: np.ndarray, mask_NL: np.ndarray, pooling: str):
-  """Per-row vectors [S, N, D] of token states [S, N, L, D] (see embed)."""
+  """Per-row vectors of token states (embed's pooling).
+
+  Args:
+    states_SNLD: float token states [S, N, L, D].
+    mask_NL: 1 on each row's tokens, 0 on padding.
+    pooling: 'mean' or 'max' over the row's tokens, 'cls' its first token,
+      'last' its last one.
+
+  Returns:
+    float [S, N, D].
+
+  Example:
+    feats = m.embed(texts, layers='all')
+    pretrained.pool(feats.states, feats.mask, 'max')
+  """
   mask_1NL1 = mask_NL[None, :, :, None].astype(bool)
   if pooling == 'mean':
     total = np.where(mask_1NL1, states_SNLD, 0).sum(axis=2)
@@ -777,7 +921,17 @@ def pool(states_SNLD: np.ndarray, mask_NL: np.ndarray, pooling: str):
 
 
 def example_batch(workdir: str, config) -> dict[str, jax.Array]:
-  """A one-row batch with the run's feature shapes (to build the params)."""
+  """A one-row batch of zeros with the run's feature shapes.
+
+  What the model needs to build (init or eval_shape) its params.
+
+  Args:
+    workdir: a training workdir (its batch spec file, when present).
+    config: the run's config (data.seq_len without a batch spec).
+
+  Returns:
+    Feature name -> zeros [1, ...] of the training batch's dtype.
+  """
   path = os.path.join(workdir, checkpoint_lib.BATCH_SPEC_FILE)
   if not tf.io.gfile.exists(path):  # a workdir from before the spec file
     return {'input_ids': jnp.zeros((1, config.data.seq_len), jnp.int32)}
@@ -794,7 +948,26 @@ def load(
 
   Without a mesh the params land on the first local device; with one they are
   restored straight into the rule table's shardings, and the Pretrained's
-  methods run on that mesh.
+  methods run on that mesh. `pretrain_lm.load` is this function.
+
+  Args:
+    workdir: a directory written by `python -m pretrain_lm.main` (or by
+      `python -m pretrain_lm.convert import`).
+    step: the checkpoint step; None for the latest.
+    mesh: a jax.sharding.Mesh to shard the params over; None for one device.
+
+  Returns:
+    A Pretrained: config, model, params, tokenizer and the notebook methods.
+
+  Raises:
+    FileNotFoundError: no config.json or no checkpoint in the workdir.
+
+  Example:
+    # `make quickstart`, i.e. python -m pretrain_lm.main
+    #   --config=configs/bert.py:size=tiny --workdir=workdirs/quickstart
+    import pretrain_lm
+    m = pretrain_lm.load('workdirs/quickstart')
+    m.fill_mask('The capital of France is [MASK].')
   """
   config_path = os.path.join(workdir, 'config.json')
   if not tf.io.gfile.exists(config_path):

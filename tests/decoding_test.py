@@ -431,3 +431,56 @@ def test_decoding_under_jit():
   ids_BWT, scores_BW = beam_fn(*args)
   refs = [ref_beam(model, prefix, steps, eos, 0.6, 3) for prefix in prefixes]
   check_beams(ids_BWT, scores_BW, refs, steps, pad_id=0)
+
+
+class RestrictedToy:
+  """The reference for a Toy under decoding.restrict_vocab: -inf logits."""
+
+  def __init__(self, model, allowed_V):
+    self.model, self.allowed_V, self.vocab = model, allowed_V, model.vocab
+
+  def ref_logits(self, prefix):
+    return np.where(self.allowed_V, self.model.ref_logits(prefix), -np.inf)
+
+  def ref_logp(self, prefix):
+    z = self.ref_logits(prefix)
+    return z - z.max() - np.log(np.exp(z - z.max()).sum())
+
+
+def test_restrict_vocab_keeps_every_rule_off_banned_ids():
+  vocab, batch, steps, eos = 10, 4, 5, 0
+  model = toy(vocab=vocab, seed=22, eos_id=eos, eos_bias=0.5)
+  prompt_BP, first_B = prompts(batch, vocab, seed=23)
+  prefixes = [[*prompt_BP[b], first_B[b]] for b in range(batch)]
+  # The ids the unrestricted greedy search picks first are banned.
+  first_picks = {ref_greedy(model, p, 1)[0] for p in prefixes} - {eos}
+  allowed_V = np.ones(vocab, bool)
+  allowed_V[sorted(first_picks)[:3]] = False
+  banned = np.flatnonzero(~allowed_V)
+  ref = RestrictedToy(model, allowed_V)
+  step_fn = decoding.restrict_vocab(model.step_fn, allowed_V)
+  cache = model.cache(prompt_BP)
+
+  greedy_BT = decoding.sample(
+    step_fn, cache, first_B, 2, num_steps=steps, rng=None, temperature=0.0
+  )
+  assert greedy_BT.tolist() == [ref_greedy(ref, p, steps) for p in prefixes]
+  for top_k, top_p in [(0, 1.0), (vocab, 0.95)]:
+    sampled_BT = decoding.sample(
+      step_fn,
+      model.cache(np.tile(prompt_BP, (16, 1))),
+      np.tile(first_B, 16),
+      2,
+      num_steps=steps,
+      rng=jax.random.key(24),
+      temperature=2.0,
+      top_k=top_k,
+      top_p=top_p,
+    )
+    assert not np.isin(sampled_BT, banned).any()
+  ids_BWT, scores_BW = decoding.beam_search(
+    step_fn, cache, first_B, 2, num_steps=steps, beam_size=3, eos_id=eos
+  )
+  refs = [ref_beam(ref, p, steps, eos, 0.6, 3) for p in prefixes]
+  check_beams(ids_BWT, scores_BW, refs, steps, pad_id=0)
+  assert not np.isin(ids_BWT, banned).any()

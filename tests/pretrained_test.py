@@ -282,6 +282,67 @@ def test_generate_sampling_is_seeded(gpt):
   assert others - {first[0]}  # another seed, another text
 
 
+def generated_ids(m, monkeypatch) -> list[list[int]]:
+  """Records the ids each later m.generate call decodes into text."""
+  seen, decode = [], m.decode
+  monkeypatch.setattr(m, 'decode', lambda ids: seen.append(ids) or decode(ids))
+  return seen
+
+
+@pytest.mark.parametrize(
+  'options',
+  [
+    dict(temperature=0),
+    dict(temperature=1.0),
+    dict(temperature=0.8, top_k=10, top_p=0.9),
+    dict(num_beams=3),
+  ],
+)
+def test_generate_never_emits_padded_or_special_ids(gpt, monkeypatch, options):
+  tok = gpt.tokenizer
+  # A vocabulary padded past the tokenizer's ids, as configs round it up.
+  m = random_model('gpt', 'decoder', tok, reserved=16)
+  params = jax.tree.map(np.array, m.params)
+  # Every position's final state is all ones, so row v of the tied
+  # embedding is token v's logit direction: the padded rows rank first,
+  # then [PAD] and [MASK]; [SEP] is unlikely, so every step yields a token.
+  norm = params['decoder']['final_norm']
+  norm['scale'][:], norm['bias'][:] = 0.0, 1.0
+  embed_VD = params['token_embed']['embedding']
+  embed_VD[tok.vocab_size :] = 2.0
+  embed_VD[tok.pad_id], embed_VD[tok.mask_id], embed_VD[tok.sep_id] = 1.5, 1, -1
+  m = dataclasses.replace(m, params=jax.tree.map(jnp.asarray, params))
+  seen = generated_ids(m, monkeypatch)
+  texts = m.generate(['ROMEO:', 'KING:'], max_new_tokens=12, **options)
+  assert len(seen) == 2 and all(len(ids) == 12 for ids in seen)
+  ids = np.asarray(seen)
+  assert (ids < tok.vocab_size).all() and (ids >= 0).all(), ids
+  assert not np.isin(ids, [tok.pad_id, tok.mask_id]).any(), ids
+  assert not any('<extra_id_' in t for t in texts)
+
+
+def test_encoder_decoder_generates_its_sentinels_only(gpt, monkeypatch):
+  tok = gpt.tokenizer
+  t5 = random_model('t5', 'encoder_decoder', tok, reserved=8)
+  # 3 sentinels; the other 5 ids past the tokenizer's pad the vocabulary.
+  t5.config.objective.num_sentinels = 3
+  params = jax.tree.map(np.array, t5.params)
+  # Zero final states: every id equally likely, so the sampled ids show
+  # which ones decoding allows.
+  params['decoder']['final_norm']['scale'][:] = 0.0
+  t5 = dataclasses.replace(t5, params=jax.tree.map(jnp.asarray, params))
+  seen = generated_ids(t5, monkeypatch)
+  prompts = ['The capital <extra_id_0> France.'] * 4
+  t5.generate(prompts, 48, temperature=1.0, stop_at_eos=False)
+  ids = np.asarray(seen)
+  assert ids.shape == (4, 48)
+  assert (ids < tok.vocab_size + 3).all(), ids
+  assert not np.isin(ids, [tok.pad_id, tok.mask_id]).any(), ids
+  assert (ids >= tok.vocab_size).any()  # the sentinels are kept
+  with pytest.raises(ValueError, match='has 3 span corruption sentinels'):
+    t5.generate('The capital <extra_id_3> France.')
+
+
 def test_encoder_decoder_generate_and_embed(gpt):
   t5 = random_model('t5', 'encoder_decoder', gpt.tokenizer, reserved=4)
   tok, cfg = t5.tokenizer, t5.model.cfg

@@ -10,6 +10,8 @@ row (leading dimension N, e.g. [N, L, H, K] keys); 0-d leaves (e.g. a shared
 cache index) belong to all rows and are never repeated or reordered. An
 encoder-decoder model can put its encoder outputs in the cache as per-row
 leaves, so beam search repeats them along with the keys and values.
+`restrict_vocab(step_fn, allowed_V)` keeps every decoding rule off the ids
+a model must not emit (rows of a vocabulary padded past the tokenizer's).
 
 Everything is jit-able: shapes are static, the loop is `lax.while_loop`, and
 the decoding options (num_steps, temperature, top_k, top_p, beam_size) are
@@ -42,6 +44,31 @@ def gather_rows(tree: Cache, rows_N: jax.Array) -> Cache:
   return jax.tree.map(
     lambda x: x if jnp.ndim(x) == 0 else jnp.take(x, rows_N, axis=0), tree
   )
+
+
+def restrict_vocab(step_fn: StepFn, allowed_V: jax.Array) -> StepFn:
+  """step_fn whose logits are -inf at the ids where `allowed_V` is False.
+
+  Greedy search, sampling (with top-k and top-p) and beam search see the
+  model only through its step function, so this one wrapper keeps every
+  decoding rule off the ids a model must never emit, e.g. the rows of a
+  vocabulary padded past the tokenizer's ids. -inf rather than a large
+  finite value: beam search then treats such candidates as dead.
+
+  Args:
+    step_fn: the model, see the module docstring.
+    allowed_V: bool[V], True at the ids that may be generated; at least one.
+
+  Returns:
+    A step function with the same cache and the masked logits.
+  """
+  allowed_V = jnp.asarray(allowed_V, bool)
+
+  def step(ids_N, cache, index):
+    logits_NV, cache = step_fn(ids_N, cache, index)
+    return jnp.where(allowed_V, logits_NV, -jnp.inf), cache
+
+  return step
 
 
 def filter_logits(
