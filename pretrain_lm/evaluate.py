@@ -1,6 +1,6 @@
 r"""Held-out loss and perplexity of a trained workdir on text.
 
-  python -m pretrain_lm.evaluate --workdir=/tmp/gpt_tiny \
+  python -m pretrain_lm.evaluate --workdir=workdirs/gpt_tiny \
       --data='pretrain_lm/data/corpora/tinyshakespeare/input.txt[90%:]'
 
 --data takes local (or gs://) files, globs and percent slices, the syntax
@@ -313,6 +313,15 @@ def score_continuations(
 
   Returns:
     Per pair, float64[len(continuation)] log-probabilities (natural log).
+
+  Example:
+    m = pretrain_lm.load('workdirs/gpt_tiny')
+    tok = m.tokenizer
+    lp = evaluate.score_continuations(
+      m.model, m.params, m.model.cfg,
+      [tok.encode('ROMEO:')], [tok.encode(' Good morrow')],
+    )
+    lp[0].sum()  # log p(' Good morrow' | 'ROMEO:')
   """
   max_len = max_len or cfg.max_len
   items = []
@@ -373,6 +382,18 @@ def strided_windows(n: int, window: int, stride: int) -> list[tuple]:
   predicted: every token but the first is predicted once, with
   window - stride + 1 or more tokens of context (all earlier ones when
   fewer).
+
+  Args:
+    n: the sequence length.
+    window: the most inputs per window.
+    stride: the offset between window starts, in [1, window].
+
+  Returns:
+    A list of (start, split, end) index triples.
+
+  Example:
+    evaluate.strided_windows(10, window=4, stride=2)
+    # [(0, 1, 5), (2, 5, 7), (4, 7, 9), (6, 9, 10)]
   """
   if not 1 <= stride <= window:
     raise ValueError(f'stride={stride} must be in [1, window={window}].')
@@ -399,6 +420,26 @@ def causal_log_likelihoods(
 
   With `backward` (bilm), each sequence is read right to left: log p of
   each token but the last given the tokens after it, in reversed order.
+
+  Args:
+    model: a DecoderModel (or BiLMModel), as `pretrain_lm.load` gives.
+    params: its parameters.
+    cfg: its ModelConfig.
+    sequences: token ids, framed as training rows (e.g. doc [SEP]).
+    window: the most inputs per window (the training context).
+    stride: the offset between window starts (see strided_windows).
+    batch_size: rows per model call.
+    backward: score bilm's backward direction.
+
+  Returns:
+    Per sequence, float64[len(sequence) - 1] log-probabilities.
+
+  Example:
+    m = pretrain_lm.load('workdirs/gpt_tiny')
+    ids = m.tokenizer.encode('To be, or not to be') + [m.tokenizer.sep_id]
+    lp = evaluate.causal_log_likelihoods(
+      m.model, m.params, m.model.cfg, [ids], window=64, stride=32
+    )  # gpt_tiny's context is 64 tokens
   """
   contexts, continuations, owners = [], [], []
   for s, sequence in enumerate(sequences):
@@ -453,6 +494,14 @@ def pseudo_log_likelihoods(
 
   Returns:
     Per document, float64[len(document)] log-probabilities.
+
+  Example:
+    m = pretrain_lm.load('workdirs/quickstart')  # make quickstart
+    docs = [m.tokenizer.encode('The capital of France is Paris.')]
+    lp = evaluate.pseudo_log_likelihoods(
+      m.model, m.params, m.family, m.tokenizer, docs,
+      max_len=m.config.data.seq_len,
+    )
   """
   if family not in MASKED_FAMILIES:
     raise ValueError(f'family={family!r} is not one of {MASKED_FAMILIES}.')
@@ -504,6 +553,24 @@ def reconstruction_log_likelihoods(
   Teacher forcing: the decoder reads start_id then the targets but the
   last, the encoder the encoder ids; pairs are packed several to a row
   (decoder segment k attends to encoder segment k only).
+
+  Args:
+    model: an EncoderDecoderModel, as `pretrain_lm.load` gives.
+    params: its parameters.
+    pairs: (encoder input ids, decoder target ids) per example.
+    start_id: the decoder's first input ([CLS] for every objective here).
+    batch_size: rows per model call.
+
+  Returns:
+    Per pair, float log-probabilities [len(targets)].
+
+  Example:
+    m = pretrain_lm.load('workdirs/t5_tiny')  # configs/t5.py:size=tiny
+    tok = m.tokenizer
+    ids = tok.encode('The capital of France') + [tok.sep_id]
+    lp = evaluate.reconstruction_log_likelihoods(
+      m.model, m.params, [(ids, ids)], start_id=tok.cls_id
+    )
   """
   items = []
   for encoder_ids, targets in pairs:
@@ -556,7 +623,15 @@ def _stats(log_probs: Sequence[Any], num_words: int) -> dict[str, float]:
 
 
 def context_length(loaded: pretrained.Pretrained, seq_len: int = 0) -> int:
-  """seq_len, or the run's data.seq_len for 0, checked against the model."""
+  """seq_len, or the run's data.seq_len for 0, checked against the model.
+
+  Args:
+    loaded: a `pretrain_lm.load` result.
+    seq_len: the context wanted; 0 for the run's data.seq_len.
+
+  Returns:
+    The context length; ValueError if it exceeds a learned position table.
+  """
   cfg = loaded.model.cfg
   seq_len = seq_len or loaded.config.data.seq_len
   if cfg.position == 'learned' and seq_len > cfg.max_len:
@@ -568,7 +643,15 @@ def context_length(loaded: pretrained.Pretrained, seq_len: int = 0) -> int:
 
 
 def start_ids(config: ml_collections.ConfigDict, tokenizer) -> list[int]:
-  """What a training row puts before a document: [CLS] unless 'concat'."""
+  """What a training row puts before a document: [CLS] unless 'concat'.
+
+  Args:
+    config: the run's config (data.packing).
+    tokenizer: the run's tokenizer (cls_id).
+
+  Returns:
+    [] or [tokenizer.cls_id].
+  """
   return [] if config.data.packing == 'concat' else [tokenizer.cls_id]
 
 
@@ -614,6 +697,12 @@ def evaluate_texts(
 
   Returns:
     A JSON-serialisable dict; see the module docstring.
+
+  Example:
+    from pretrain_lm import evaluate
+    m = pretrain_lm.load('workdirs/gpt_tiny')
+    result = evaluate.evaluate_texts(m, ['To be, or not to be.'])
+    result['loss'], result['perplexity']
   """
   config, tok = loaded.config, loaded.tokenizer
   model, params = loaded.model, loaded.params
@@ -676,7 +765,23 @@ def evaluate_texts(
 def read_documents(
   config, data: str, *, doc_format: str = '', max_docs: int = 0
 ) -> list[str]:
-  """The documents of `data` (config.data.source syntax), in file order."""
+  """The documents of `data` (config.data.source syntax), in file order.
+
+  Args:
+    config: the run's config (its data section: doc_format, TFDS dir).
+    data: local or gs:// files, globs and percent slices, or 'tfds:...'.
+    doc_format: 'line', 'blank_line' or 'file'; '' for the run's.
+    max_docs: keep only the first max_docs documents (0: all).
+
+  Returns:
+    The documents' texts.
+
+  Example:
+    m = pretrain_lm.load('workdirs/quickstart')  # make quickstart
+    texts = evaluate.read_documents(
+      m.config, 'pretrain_lm/data/corpora/wikitext-2/valid.txt', max_docs=50
+    )
+  """
   data_config = ml_collections.ConfigDict(config.data.to_dict())
   data_config.eval_source = data
   if doc_format:
@@ -699,7 +804,11 @@ def read_documents(
 
 
 def check_workdir(workdir: str) -> None:
-  """Raises FileNotFoundError unless `workdir` holds a trained run."""
+  """Raises FileNotFoundError unless `workdir` holds a run's config.json.
+
+  Args:
+    workdir: the directory to check.
+  """
   if not tf.io.gfile.exists(os.path.join(workdir, 'config.json')):
     raise FileNotFoundError(
       f'--workdir={workdir!r} is not a pretrain_lm workdir (no config.json '
@@ -732,6 +841,14 @@ def evaluate_workdir(
 
   Returns:
     The evaluate_texts dict, with workdir, step and data added.
+
+  Example:
+    from pretrain_lm import evaluate
+    result = evaluate.evaluate_workdir(
+      'workdirs/gpt_tiny',
+      'pretrain_lm/data/corpora/tinyshakespeare/input.txt[90%:]',
+    )
+    print(evaluate.format_table(result))
   """
   check_workdir(workdir)
   config = ml_collections.ConfigDict(
@@ -747,7 +864,14 @@ def evaluate_workdir(
 
 
 def format_table(result: dict[str, Any]) -> str:
-  """The result as an aligned two-column table."""
+  """An evaluate_workdir result as an aligned two-column table.
+
+  Args:
+    result: evaluate_workdir's dict (with workdir, step and data).
+
+  Returns:
+    The table's text, headed by the workdir, step, family and data.
+  """
   name = KIND_NAMES[result['kind']]
   rows = [
     ('documents', result['num_docs']),
@@ -804,7 +928,14 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
 
 
 def run(flag_values: flags.FlagValues) -> dict[str, Any]:
-  """The command line on parsed flags: prints the table and a JSON line."""
+  """The command line on parsed flags: prints the table and a JSON line.
+
+  Args:
+    flag_values: flags defined by define_flags and parsed.
+
+  Returns:
+    evaluate_workdir's dict (also written to --output if given).
+  """
   f = flag_values
   try:
     result = evaluate_workdir(

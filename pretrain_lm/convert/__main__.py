@@ -43,6 +43,11 @@ FLAGS = flags.FLAGS
 
 
 def main(argv):
+  """Runs `import` or `export` (argv[1]) with the flags; see the docstring.
+
+  Args:
+    argv: the command line left after absl's flag parsing: the command.
+  """
   if len(argv) != 2 or argv[1] not in COMMANDS:
     raise app.UsageError(
       f'Usage: python -m pretrain_lm.convert {{{"|".join(COMMANDS)}}} '

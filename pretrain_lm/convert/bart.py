@@ -114,6 +114,7 @@ def hf_config(cfg: ModelConfig) -> dict:
 
 
 def rules(cfg: ModelConfig) -> list[Rule]:
+  """The BART tensor table for `cfg`: HF names <-> our param paths."""
   D, F = cfg.emb_dim, cfg.mlp_dim
   out = [layout.same(WORDS, 'token_embed/embedding')]
   stacks = (('encoder', cfg.num_layers), ('decoder', cfg.decoder_layers))

@@ -136,6 +136,7 @@ def hf_config(cfg: ModelConfig, *, model_type: str) -> dict:
 
 
 def rules(cfg: ModelConfig, *, model_type: str) -> list[Rule]:
+  """The BERT / RoBERTa tensor table: HF names <-> our param paths."""
   D, F, E = cfg.emb_dim, cfg.mlp_dim, cfg.token_dim
   bias = cfg.attention_bias
   offset = _position_offset(model_type, cfg.pad_id)

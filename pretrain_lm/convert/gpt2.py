@@ -134,6 +134,7 @@ def _fused_qkv(hf: str, ours: str, cfg: ModelConfig) -> list[Rule]:
 
 
 def rules(cfg: ModelConfig) -> list[Rule]:
+  """The GPT-2 tensor table for `cfg`: HF names <-> our param paths."""
   D, F, H, K = cfg.emb_dim, cfg.mlp_dim, cfg.num_heads, cfg.head_dim
   conv = dict(transposed=False)
   out = [

@@ -49,13 +49,22 @@ _LEGACY_SUFFIXES = {'.gamma': '.weight', '.beta': '.bias'}
 
 
 def read_json_file(path: str) -> dict:
+  """A JSON file's content; FileNotFoundError naming the file if absent."""
   if not tf.io.gfile.exists(path):
     raise FileNotFoundError(f'No {os.path.basename(path)} at {path!r}.')
   return checkpoint_lib.read_json(path)
 
 
 def hf_format(hf_config: dict, path: str) -> Format:
-  """The Format of an HF config.json; ValueError naming the file if none."""
+  """The Format of an HF config.json; ValueError naming the file if none.
+
+  Args:
+    hf_config: the content of an HF config.json.
+    path: the file's path, for the error message.
+
+  Returns:
+    FORMATS[hf_config['model_type']].
+  """
   model_type = hf_config.get('model_type')
   if model_type not in FORMATS:
     raise ValueError(
@@ -90,7 +99,19 @@ def _load_safetensors(path: str) -> Tensors:
 
 
 def read_tensors(src: str) -> Tensors:
-  """The tensors of `src`/model.safetensors (or its sharded index)."""
+  """The tensors of `src`/model.safetensors (or its sharded index).
+
+  Args:
+    src: an HF model directory (save_pretrained's output).
+
+  Returns:
+    HF tensor name -> numpy array, TF-era LayerNorm names (gamma, beta)
+    renamed to weight and bias.
+
+  Example:
+    tensors = hf.read_tensors('bert-base-uncased')  # a local directory
+    tensors['bert.embeddings.word_embeddings.weight'].shape
+  """
   path = os.path.join(src, WEIGHTS_FILE)
   index = os.path.join(src, SHARDED_INDEX_FILE)
   if os.path.exists(path):
@@ -298,7 +319,20 @@ def _tokenizer_fields(
 
 
 def import_tokenizer(src: str, workdir: str) -> tokenizer_lib.Tokenizer:
-  """The HF tokenizer files of `src` as the workdir's tokenizer file."""
+  """The HF tokenizer files of `src` as the workdir's tokenizer file.
+
+  Args:
+    src: an HF model directory with vocab.txt, vocab.json + merges.txt or a
+      SentencePiece .model.
+    workdir: the directory to write tokenizer.model into.
+
+  Returns:
+    The written tokenizer, loaded.
+
+  Example:
+    tok = hf.import_tokenizer('bert-base-uncased', 'workdirs/bert_base')
+    tok.encode('Hello world')
+  """
   path = os.path.join(workdir, tokenizer_lib.WORKDIR_FILENAME)
   return tokenizer_lib.import_hf_tokenizer(src, path)
 
@@ -306,7 +340,29 @@ def import_tokenizer(src: str, workdir: str) -> tokenizer_lib.Tokenizer:
 def import_hf(src: str, workdir: str) -> dict:
   """Imports the HF model directory `src` as a new workdir.
 
-  Returns the contents of the workdir's hf_import.json.
+  The workdir is an ordinary one (see the module docstring): load it,
+  fine-tune it, or continue pretraining it with --workdir or
+  checkpoint.init_from. `python -m pretrain_lm.convert import` runs this.
+
+  Args:
+    src: an HF model directory: config.json, model.safetensors (or a
+      sharded index) and the tokenizer files; model_type one of FORMATS.
+    workdir: a new directory, or one without checkpoints.
+
+  Returns:
+    The contents of the workdir's hf_import.json: source, model_type,
+    architecture, dtypes, the params freshly initialised (initialised),
+    the HF tensors not imported (not_imported) and the source config.
+
+  Raises:
+    FileExistsError: the workdir already holds checkpoints.
+    ValueError: the checkpoint is not one pretrain_lm can represent.
+
+  Example:
+    from pretrain_lm import convert
+    record = convert.import_hf('bert-base-uncased', 'workdirs/bert_base')
+    m = pretrain_lm.load('workdirs/bert_base')
+    m.fill_mask('The capital of France is [MASK].')
   """
   src = os.path.abspath(src)
   config_path = os.path.join(src, CONFIG_FILE)
@@ -439,7 +495,15 @@ def _write_workdir(workdir, config, spec, state, tokenizer, record) -> None:
 
 
 def default_model_type(cfg: ModelConfig) -> str:
-  """The HF format a workdir that was not imported exports to."""
+  """The HF format a workdir that was not imported exports to.
+
+  Args:
+    cfg: the run's ModelConfig.
+
+  Returns:
+    'bert', 'gpt2', 't5' (relative positions) or 'bart'; ValueError for a
+    family with no HF export.
+  """
   if cfg.family == 'encoder':
     return 'bert'
   if cfg.family == 'decoder':
@@ -455,7 +519,18 @@ def default_model_type(cfg: ModelConfig) -> str:
 def tensors_to_hf(
   fmt: Format, cfg: ModelConfig, params, architecture: str
 ) -> Tensors:
-  """The HF tensors (full names) of `params` for the class `architecture`."""
+  """The HF tensors (full names) of `params` for the class `architecture`.
+
+  Args:
+    fmt: the HF format (a FORMATS value).
+    cfg: the params' ModelConfig.
+    params: our parameter tree (e.g. `pretrain_lm.load(...).params`).
+    architecture: the HF class, a key of fmt.layouts (e.g.
+      'BertForMaskedLM').
+
+  Returns:
+    HF tensor name -> numpy array, ready for safetensors.
+  """
   lay = fmt.layouts[architecture]
   flat = _unstack_layers(
     {k: np.asarray(jax.device_get(v)) for k, v in _flatten(params).items()}
@@ -490,7 +565,26 @@ def export_hf(
 
   `model_type` and `architecture` (the HF class) default to those the
   workdir was imported from, else to the family's: BERT (MLM), GPT-2, T5
-  (relative positions) or BART. Returns the written config.json.
+  (relative positions) or BART. The tokenizer is written too when HF can
+  express it (not a char tokenizer). `python -m pretrain_lm.convert export`
+  runs this.
+
+  Args:
+    workdir: a training or imported workdir.
+    dst: the HF model directory to write (created if absent).
+    step: the checkpoint step; None for the latest.
+    model_type: the HF model_type, one of FORMATS.
+    architecture: the HF class whose layout to write, e.g.
+      'BertForMaskedLM'.
+
+  Returns:
+    The written config.json's content.
+
+  Example:
+    from pretrain_lm import convert
+    convert.export_hf('workdirs/quickstart', 'workdirs/quickstart_hf')
+    # transformers.AutoModelForMaskedLM.from_pretrained(
+    #     'workdirs/quickstart_hf')
   """
   from pretrain_lm import pretrained  # loading a workdir needs the models
 

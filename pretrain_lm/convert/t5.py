@@ -156,6 +156,7 @@ def _mlp(hf: str, ours: str, cfg: ModelConfig) -> list[Rule]:
 
 
 def rules(cfg: ModelConfig) -> list[Rule]:
+  """The T5 tensor table for `cfg`: HF names <-> our param paths."""
   out = [layout.same(WORDS, 'token_embed/embedding')]
   stacks = (('encoder', cfg.num_layers), ('decoder', cfg.decoder_layers))
   for stack, num_layers in stacks:

@@ -4,6 +4,23 @@
 examples into model rows and scores predictions (glue.py documents the
 interface); the fine-tuning loop (pretrain_lm.finetune.trainer) is the same
 for all of them.
+
+Entry points:
+
+- `python -m pretrain_lm.finetune --config=... --init=... --workdir=...`
+  (pretrain_lm.finetune.__main__), or from Python, after `make quickstart`:
+
+    from pretrain_lm import configlib
+    from pretrain_lm.finetune import config as finetune_config, trainer
+
+    c = configlib.load_file('configs/finetune/glue.py:task=sst2')
+    c.init.workdir = 'workdirs/quickstart'  # the pretraining workdir
+    finetune_config.check_config(c, 'workdirs/quickstart_sst2')
+    results = trainer.Trainer(c, 'workdirs/quickstart_sst2').run()
+    results['best']  # the best dev evaluation, as in results.json
+
+- `pretrain_lm.finetune.fewshot`: zero- and few-shot multiple choice for
+  decoders, no training (`fewshot.evaluate_file(workdir, data, k=2)`).
 """
 
 from pretrain_lm.finetune import conll, glue, squad

@@ -1,9 +1,11 @@
 r"""Fine-tunes a pretraining workdir on a downstream task.
 
   python -m pretrain_lm.finetune --config=configs/finetune/glue.py:task=sst2 \
-      --init=/tmp/bert_tiny --workdir=/tmp/bert_tiny_sst2
+      --init=workdirs/quickstart --workdir=workdirs/quickstart_sst2
 
 Rerunning the same command resumes from the latest checkpoint in --workdir.
+--config.<section>.<field>=value overrides any config field. From Python,
+see pretrain_lm.finetune (its docstring runs the same Trainer).
 """
 
 import os
@@ -33,6 +35,11 @@ flags.mark_flags_as_required(['config', 'workdir'])
 
 
 def main(argv):
+  """Checks the config, fine-tunes and prints the dev scores.
+
+  Args:
+    argv: the command line left after absl's flag parsing (no arguments).
+  """
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
   config, workdir = _CONFIG.value, _WORKDIR.value

@@ -1,6 +1,6 @@
 r"""Zero- and few-shot multiple choice for decoders (GPT-2 / GPT-3 style).
 
-  python -m pretrain_lm.finetune.fewshot --workdir=/tmp/gpt_tiny \
+  python -m pretrain_lm.finetune.fewshot --workdir=workdirs/gpt_tiny \
       --data=tests/data/fewshot.jsonl --k=2 --seed=0
 
 --data is a JSONL file of {"prompt": str, "choices": [str, ...], "answer":
@@ -19,6 +19,13 @@ data.seq_len by default). Two accuracies are reported: `accuracy_sum`
 picks the choice with the largest total log-likelihood, `accuracy_mean`
 the largest per-token mean (GPT-3's default for most tasks, which does
 not favour short choices).
+
+From Python (a decoder workdir, e.g. from
+`python -m pretrain_lm.main --config=configs/gpt.py:size=tiny
+--workdir=workdirs/gpt_tiny`):
+
+  from pretrain_lm.finetune import fewshot
+  fewshot.evaluate_file('workdirs/gpt_tiny', 'tests/data/fewshot.jsonl', k=2)
 """
 
 import dataclasses
@@ -78,7 +85,19 @@ def _parse(record: Any, where: str) -> Example:
 
 
 def read_examples(path: str, flag: str = '--data') -> list[Example]:
-  """The examples of a JSONL file (blank lines skipped)."""
+  """The examples of a JSONL file (blank lines skipped).
+
+  Args:
+    path: a JSONL file of {"prompt", "choices", "answer"} objects.
+    flag: names the file in error messages.
+
+  Returns:
+    The Examples, in file order; ValueError names the bad line.
+
+  Example:
+    examples = fewshot.read_examples('tests/data/fewshot.jsonl')
+    examples[0].prompt, examples[0].choices, examples[0].answer
+  """
   if not tf.io.gfile.exists(path):
     raise FileNotFoundError(f'{flag}: no file {path!r}.')
   examples = []
@@ -105,6 +124,16 @@ def demonstration_indices(
   Drawn from (seed, index) alone, so each example's draw is reproducible
   and independent of the others; with `exclude_self` (demonstrations from
   the evaluated file) `index` itself is never drawn.
+
+  Args:
+    index: the evaluated example's index.
+    k: how many demonstrations.
+    pool_size: how many examples to draw from.
+    seed: the run's seed.
+    exclude_self: never draw `index` (the pool is the evaluated file).
+
+  Returns:
+    k distinct indices into the pool.
   """
   candidates = [
     j for j in range(pool_size) if not (exclude_self and j == index)
@@ -121,7 +150,16 @@ def demonstration_indices(
 def build_context(
   example: Example, demonstrations: Sequence[Example], separator: str
 ) -> str:
-  """The demonstrations (prompt + right answer), then the example's prompt."""
+  """The demonstrations (prompt + right answer), then the example's prompt.
+
+  Args:
+    example: the evaluated example.
+    demonstrations: solved examples to show first.
+    separator: joins the demonstrations and the prompt.
+
+  Returns:
+    The context text the choices are scored after.
+  """
   shots = [d.prompt + d.choices[d.answer] for d in demonstrations]
   return separator.join([*shots, example.prompt])
 
@@ -134,7 +172,25 @@ def build_contexts(
   separator: str,
   demos: Sequence[Example] | None = None,
 ) -> list[str]:
-  """Each example's context: k demonstrations from `demos` or `examples`."""
+  """Each example's context: k demonstrations from `demos` or `examples`.
+
+  Args:
+    examples: the evaluated examples.
+    k: demonstrations per context.
+    seed: seeds the draws (see demonstration_indices).
+    separator: joins the demonstrations and the prompt.
+    demos: the pool of demonstrations; None for `examples` themselves
+      (each example then never shows itself).
+
+  Returns:
+    One context per example.
+
+  Example:
+    examples = fewshot.read_examples('tests/data/fewshot.jsonl')
+    contexts = fewshot.build_contexts(
+      examples, k=2, seed=0, separator='\\n\\n'
+    )
+  """
   pool = examples if demos is None else demos
   return [
     build_context(
@@ -159,7 +215,25 @@ def choice_log_likelihoods(
   max_len: int,
   batch_size: int = 16,
 ) -> list[list[Any]]:
-  """Per example, per choice: float64 log p of each choice token."""
+  """Per example, per choice: float64 log p of each choice token.
+
+  Args:
+    loaded: a decoder, as `pretrain_lm.load` gives.
+    contexts: one context per example (build_contexts).
+    examples: the examples whose choices are scored.
+    max_len: the most inputs a scored sequence may have (context_length).
+    batch_size: rows per model call.
+
+  Returns:
+    Per example, per choice, float64[choice tokens] log-probabilities.
+
+  Example:
+    m = pretrain_lm.load('workdirs/gpt_tiny')
+    scores = fewshot.choice_log_likelihoods(
+      m, contexts, examples, max_len=m.config.data.seq_len
+    )
+    fewshot.accuracies(scores, examples)
+  """
   tok = loaded.tokenizer
   start = evaluate.start_ids(loaded.config, tok)
   context_ids, choice_ids, owners = [], [], []
@@ -195,7 +269,15 @@ def choice_log_likelihoods(
 def accuracies(
   log_likelihoods: Sequence[Sequence[Any]], examples: Sequence[Example]
 ) -> dict[str, float]:
-  """accuracy_sum and accuracy_mean of the per-choice token log-probs."""
+  """accuracy_sum and accuracy_mean of the per-choice token log-probs.
+
+  Args:
+    log_likelihoods: choice_log_likelihoods' result.
+    examples: the same examples (their answers).
+
+  Returns:
+    {'accuracy_sum': float, 'accuracy_mean': float}, fractions right.
+  """
   right = {'sum': 0, 'mean': 0}
   for scores, example in zip(log_likelihoods, examples, strict=True):
     totals = [float(np.sum(s)) for s in scores]
@@ -225,7 +307,29 @@ def evaluate_examples(
   max_len: int = 0,
   batch_size: int = 16,
 ) -> dict[str, Any]:
-  """Multiple-choice accuracies of a loaded decoder (see the module doc)."""
+  """Multiple-choice accuracies of a loaded decoder (see the module doc).
+
+  Args:
+    loaded: a decoder, as `pretrain_lm.load` gives.
+    examples: the evaluated examples (read_examples).
+    k: demonstrations before each prompt (0: zero-shot).
+    seed: seeds the demonstration draws.
+    separator: joins the demonstrations and the prompt.
+    demos: the pool of demonstrations; None to draw from `examples`.
+    max_len: the context length; 0 for the run's data.seq_len.
+    batch_size: rows per model call.
+
+  Returns:
+    A JSON-serialisable dict: num_examples, k, seed, max_len, chance,
+    accuracy_sum and accuracy_mean.
+
+  Example:
+    import pretrain_lm
+    from pretrain_lm.finetune import fewshot
+    m = pretrain_lm.load('workdirs/gpt_tiny')
+    examples = fewshot.read_examples('tests/data/fewshot.jsonl')
+    fewshot.evaluate_examples(m, examples, k=2, seed=0)
+  """
   _check_family(loaded.model.cfg.family)
   max_len = evaluate.context_length(loaded, max_len)
   contexts = build_contexts(
@@ -253,7 +357,26 @@ def evaluate_file(
   max_examples: int = 0,
   **kwargs,
 ) -> dict[str, Any]:
-  """Loads a workdir and evaluates it on a JSONL file (kwargs: see above)."""
+  """Loads a workdir and evaluates it on a JSONL file.
+
+  Args:
+    workdir: a decoder training workdir.
+    data: the JSONL file of examples (read_examples).
+    step: the checkpoint step; None for the latest.
+    demos: a JSONL file to draw demonstrations from; '' for `data`.
+    max_examples: evaluate only the first max_examples (0: all).
+    **kwargs: evaluate_examples' options (k, seed, separator, max_len,
+      batch_size).
+
+  Returns:
+    evaluate_examples' dict, with workdir, step and data added.
+
+  Example:
+    from pretrain_lm.finetune import fewshot
+    fewshot.evaluate_file(
+      'workdirs/gpt_tiny', 'tests/data/fewshot.jsonl', k=2, seed=0
+    )
+  """
   evaluate.check_workdir(workdir)
   # Bad input fails before the checkpoint is restored.
   config = checkpoint.read_json(os.path.join(workdir, 'config.json'))
@@ -299,7 +422,14 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
 
 
 def run(flag_values: flags.FlagValues) -> dict[str, Any]:
-  """The command line on parsed flags: prints a summary and a JSON line."""
+  """The command line on parsed flags: prints a summary and a JSON line.
+
+  Args:
+    flag_values: flags defined by define_flags and parsed.
+
+  Returns:
+    evaluate_file's dict (also written to --output if given).
+  """
   f = flag_values
   # A shell passes --separator="\n\n" as backslashes.
   separator = f.separator.replace('\\n', '\n').replace('\\t', '\t')
