@@ -56,18 +56,15 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
-# TensorFlow only reads files here: keep its C++ logs quiet.
-os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import tensorflow as tf
+from absl import app, flags, logging
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import ml_collections  # noqa: E402
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
-from absl import app, flags, logging  # noqa: E402
-
-from pretrain_lm import checkpoint, pretrained  # noqa: E402
-from pretrain_lm.data import sources  # noqa: E402
+from pretrain_lm import checkpoint, pretrained
+from pretrain_lm.data import sources
 
 # Families whose loss is a pseudo-log-likelihood over masked tokens.
 MASKED_FAMILIES = ('encoder', 'electra', 'plm')

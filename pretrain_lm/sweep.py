@@ -57,10 +57,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-# TensorFlow reads files here (tf.io.gfile for gs:// paths): no C++ banner.
-os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
-
-import ml_collections  # noqa: E402
+import ml_collections
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SWEEP_FILE = 'sweep.json'

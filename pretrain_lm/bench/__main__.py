@@ -44,13 +44,11 @@ import shutil
 import sys
 import tempfile
 
-os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+import jax
+from absl import app, flags, logging
+from ml_collections import config_flags
 
-import jax  # noqa: E402
-from absl import app, flags, logging  # noqa: E402
-from ml_collections import config_flags  # noqa: E402
-
-from pretrain_lm import validate, xla_flags  # noqa: E402
+from pretrain_lm import validate, xla_flags
 
 _CONFIG = config_flags.DEFINE_config_file(
   'config', None, 'Config file, e.g. configs/bert.py:size=base.'

@@ -10,13 +10,7 @@ r"""Converts checkpoints between Hugging Face's layout and workdirs.
 files (vocab.txt, vocab.json + merges.txt, or a SentencePiece .model).
 """
 
-import os
-
-# TensorFlow only traces the objective's features here: keep its C++ logs
-# quiet (as pretrain_lm.main does).
-os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
-
-from absl import app, flags, logging  # noqa: E402
+from absl import app, flags, logging
 
 COMMANDS = ('import', 'export')
 FORMATS = ('hf',)

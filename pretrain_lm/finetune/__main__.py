@@ -8,16 +8,11 @@ Rerunning the same command resumes from the latest checkpoint in --workdir.
 see pretrain_lm.finetune (its docstring runs the same Trainer).
 """
 
-import os
+from absl import app, flags, logging
+from ml_collections import config_flags
 
-# TensorFlow only reads files here: keep its C++ logs quiet.
-os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
-
-from absl import app, flags, logging  # noqa: E402
-from ml_collections import config_flags  # noqa: E402
-
-from pretrain_lm import validate, xla_flags  # noqa: E402
-from pretrain_lm.finetune import config as config_lib  # noqa: E402
+from pretrain_lm import validate, xla_flags
+from pretrain_lm.finetune import config as config_lib
 
 _CONFIG = config_flags.DEFINE_config_file(
   'config',

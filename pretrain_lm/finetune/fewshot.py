@@ -34,13 +34,11 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+import numpy as np
+import tensorflow as tf
+from absl import app, flags, logging
 
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
-from absl import app, flags, logging  # noqa: E402
-
-from pretrain_lm import checkpoint, evaluate, pretrained  # noqa: E402
+from pretrain_lm import checkpoint, evaluate, pretrained
 
 
 @dataclasses.dataclass(frozen=True)

@@ -81,8 +81,7 @@ def add_vocab_bias(logits_BPV: Array, bias_V: Array) -> Array:
   layers.broadcast_rows (on the CPU a product with ones).
 
   XLA:CPU's YNNPACK reduce sums a [rows, V] gradient over its rows slowly
-  when V is a vocabulary: 54 ms of ELECTRA-small's step for 640 x 30,522,
-  and 1.3 s against the product's 0.26 s at 4,096 x 50,265.
+  when V is a vocabulary (experiments/benchmarks/README.md, Levers tried).
   """
   B, P, V = logits_BPV.shape
   bias_NV = layers.broadcast_rows(bias_V[None], B * P)
@@ -122,10 +121,9 @@ class LmHead(nn.Module):
 
 # Top-1 over a vocabulary, cheaply. XLA:CPU reduces a (value, index) pair
 # (argmax) one element at a time, with whatever produces its input fused
-# in: 44 ms for BERT-small's 640 x 30,522 MLM logits, against 6 ms for
-# is_argmax's comparisons and plain reductions (experiments/benchmarks/
-# README.md, "Top-1 and sampling over the vocabulary"). It keeps argmax's
-# rule: the first of tied maxima wins.
+# in; comparisons and plain reductions vectorise (experiments/benchmarks/
+# README.md, Levers tried). It keeps argmax's rule: the first of tied
+# maxima wins.
 
 
 def is_argmax(logits: Array, labels: Array) -> Array:
@@ -143,9 +141,9 @@ def sample_categorical(rng: Array, logits: Array, block: int = 128) -> Array:
   inverting its CDF in two levels: a block of `block` entries drawn by
   the blocks' sums of exp(logits - max), then an entry inside it by its
   own weights, each from one uniform. One exp per entry and no random
-  numbers per entry: 27-31 ms instead of the Gumbel-max trick's 52 ms
-  (two logs and a threefry word per entry) for 320 x 30,522 logits on a
-  Zen 5, 2 cores."""
+  numbers per entry, where the Gumbel-max trick takes two logs and a
+  threefry word per entry (experiments/benchmarks/README.md, Levers
+  tried)."""
   x = logits.astype(jnp.float32)
   *lead, V = x.shape
   u = _uniforms(rng, (*lead, 2))
