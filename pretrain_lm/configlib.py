@@ -345,10 +345,15 @@ def base_config() -> ml_collections.ConfigDict:
   c.train.compiler_options = compiler_options_field()
 
   c.mesh = ml_collections.ConfigDict()
-  # Mesh axis sizes; -1 takes all the devices the other axes leave.
+  # Mesh axis sizes within a slice; -1 takes all the devices the other axes
+  # leave.
   c.mesh.data = -1
   c.mesh.fsdp = 1
   c.mesh.tensor = 1
+  # Slices (TPU multislice) or hosts (a GPU cluster) that the data axis
+  # spans over the data-centre network: the data axis is mesh.data x
+  # mesh.dcn_data devices (pretrain_lm/sharding.py).
+  c.mesh.dcn_data = 1
 
   c.checkpoint = ml_collections.ConfigDict()
   c.checkpoint.every = 1000

@@ -6,6 +6,13 @@ one place that maps them onto the mesh axes ('data', 'fsdp', 'tensor'):
   fsdp   - batch split AND parameters/optimizer state split along `embed`
            (ZeRO-3 style: gathered for use, gradients reduce-scattered).
   tensor - Megatron-style model parallelism over heads, MLP width and vocab.
+
+Across slices (TPU multislice) or hosts joined by a data-centre network,
+`mesh.dcn_data` lays the data axis over the slow network: the data axis
+has mesh.data x mesh.dcn_data devices, each slice holding a mesh.data x
+mesh.fsdp x mesh.tensor block on its fast interconnect, so only the
+gradient all-reduce of data parallelism crosses between slices (as
+MaxText's dcn_data_parallelism). The rule table is the same either way.
 """
 
 from collections.abc import Mapping, Sequence
@@ -13,6 +20,7 @@ from collections.abc import Mapping, Sequence
 import jax
 import numpy as np
 from flax import linen as nn
+from jax.experimental import mesh_utils
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 MESH_AXES = ('data', 'fsdp', 'tensor')
@@ -39,8 +47,24 @@ LOGICAL_AXIS_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
 )
 
 
-def mesh_shape(mesh_config: Mapping[str, int], num_devices: int) -> tuple:
-  """Resolves the (data, fsdp, tensor) sizes; one of them may be -1."""
+def num_slices(mesh_config: Mapping[str, int]) -> int:
+  """mesh.dcn_data: the slices (or host groups) the data axis spans."""
+  return int(mesh_config.get('dcn_data', 1))
+
+
+def slice_shape(mesh_config: Mapping[str, int], num_devices: int) -> tuple:
+  """Resolves one slice's (data, fsdp, tensor) sizes; one may be -1.
+
+  `num_devices` counts every slice's devices.
+  """
+  slices = num_slices(mesh_config)
+  if slices < 1 or num_devices % slices:
+    raise ValueError(
+      f'mesh.dcn_data={slices} does not divide the {num_devices} available '
+      'devices into slices of equal size.'
+    )
+  num_devices //= slices
+  where = f' of each of {slices} slices' if slices > 1 else ''
   sizes = [int(mesh_config[a]) for a in MESH_AXES]
   if sizes.count(-1) > 1:
     raise ValueError(f'mesh: at most one axis may be -1, got {sizes}.')
@@ -48,16 +72,52 @@ def mesh_shape(mesh_config: Mapping[str, int], num_devices: int) -> tuple:
   if any(s == 0 or s < -1 for s in sizes) or num_devices % known:
     raise ValueError(
       f'mesh (data, fsdp, tensor) = {tuple(sizes)} does not divide the '
-      f'{num_devices} available devices.'
+      f'{num_devices} available devices{where}.'
     )
   sizes = [num_devices // known if s == -1 else s for s in sizes]
   if int(np.prod(sizes)) != num_devices:
     raise ValueError(
       f'mesh (data, fsdp, tensor) = {tuple(sizes)} uses '
-      f'{int(np.prod(sizes))} devices but {num_devices} are available; '
-      'set one axis to -1 to use the rest.'
+      f'{int(np.prod(sizes))} devices but {num_devices} are available'
+      f'{where}; set one axis to -1 to use the rest.'
     )
   return tuple(sizes)
+
+
+def mesh_shape(mesh_config: Mapping[str, int], num_devices: int) -> tuple:
+  """The mesh's (data, fsdp, tensor) sizes over all slices."""
+  data, fsdp, tensor = slice_shape(mesh_config, num_devices)
+  return (data * num_slices(mesh_config), fsdp, tensor)
+
+
+def device_grid(
+  mesh_config: Mapping[str, int], devices: Sequence[jax.Device]
+) -> np.ndarray:
+  """`devices` laid out as the (data, fsdp, tensor) mesh.
+
+  One slice: jax's topology-aware layout. Several (mesh.dcn_data > 1):
+  each slice's devices form one block of the data axis. A slice is a TPU
+  slice where the devices span several, else a process (a GPU host, or a
+  CPU process in tests).
+  """
+  shape = slice_shape(mesh_config, len(devices))
+  slices = num_slices(mesh_config)
+  if slices == 1:
+    return jax.make_mesh(shape, MESH_AXES, devices=devices).devices
+  # Multislice TPU devices name their slice; elsewhere (GPU hosts, CPU
+  # processes, one TPU slice of several hosts) a process is the unit.
+  by_slice = len({getattr(d, 'slice_index', 0) for d in devices}) > 1
+  granule = 'slice_index' if by_slice else 'process_index'
+  found = len({getattr(d, granule) for d in devices})
+  if found != slices:
+    unit = 'TPU slices' if by_slice else 'processes'
+    raise ValueError(
+      f'mesh.dcn_data={slices} lays the data axis over {slices} slices, but '
+      f'the devices are on {found} {unit}: set mesh.dcn_data={found}.'
+    )
+  return mesh_utils.create_hybrid_device_mesh(
+    shape, (slices, 1, 1), devices, process_is_granule=not by_slice
+  )
 
 
 def make_mesh(
@@ -65,11 +125,12 @@ def make_mesh(
 ) -> Mesh:
   """A ('data', 'fsdp', 'tensor') mesh over `devices` (default: all)."""
   devices = list(jax.devices() if devices is None else devices)
-  shape = mesh_shape(mesh_config, len(devices))
   # Auto axes: jit's GSPMD partitioner propagates shardings from the in/out
-  # shardings and the logical constraints (jax.make_mesh defaults to Explicit).
-  return jax.make_mesh(
-    shape, MESH_AXES, axis_types=(AxisType.Auto,) * 3, devices=devices
+  # shardings and the logical constraints.
+  return Mesh(
+    device_grid(mesh_config, devices),
+    MESH_AXES,
+    axis_types=(AxisType.Auto,) * len(MESH_AXES),
   )
 
 

@@ -166,7 +166,8 @@ def _check_heads(m: ml_collections.ConfigDict) -> None:
 
 
 def _mesh_sizes(config: ml_collections.ConfigDict, num_devices: int | None):
-  """mesh.{data,fsdp,tensor} with -1 resolved (left -1 without a count)."""
+  """The mesh's (data, fsdp, tensor) sizes, the data axis over every slice
+  (mesh.data x mesh.dcn_data); -1 resolved, or left without a count."""
   sizes = [config.mesh[a] for a in sharding.MESH_AXES]
   for axis, size in zip(sharding.MESH_AXES, sizes, strict=True):
     _require(
@@ -178,8 +179,13 @@ def _mesh_sizes(config: ml_collections.ConfigDict, num_devices: int | None):
     sizes.count(-1) <= 1,
     f'mesh (data, fsdp, tensor) = {tuple(sizes)}: at most one axis may be -1.',
   )
+  slices = sharding.num_slices(config.mesh)
+  _require(
+    slices >= 1,
+    f'mesh.dcn_data={slices} must be >= 1 (the slices the data axis spans).',
+  )
   if num_devices is None:
-    return sizes
+    return [sizes[0] * slices if sizes[0] != -1 else -1, *sizes[1:]]
   return list(sharding.mesh_shape(config.mesh, num_devices))
 
 
@@ -191,10 +197,15 @@ def _check_mesh(
   if data == -1 or fsdp == -1:
     return  # the data-parallel size is known once the devices are
   batch, shards = config.data.batch_size, data * fsdp
+  slices = sharding.num_slices(config.mesh)
+  names, sizes = 'mesh.data x mesh.fsdp', f'{data} x {fsdp}'
+  if slices > 1:
+    names = 'mesh.data x mesh.dcn_data x mesh.fsdp'
+    sizes = f'{data // slices} x {slices} x {fsdp}'
   _require(
     batch % shards == 0,
     f'data.batch_size={batch} is not divisible by the data-parallel size '
-    f'mesh.data x mesh.fsdp = {data} x {fsdp} = {shards}.',
+    f'{names} = {sizes} = {shards}.',
   )
   check_grad_accum(config.train.grad_accum_steps, batch, data=data, fsdp=fsdp)
 

@@ -298,6 +298,32 @@ def test_two_processes_preempted_resumed_match_one(
     np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
 
 
+def test_two_slices_over_dcn_train_as_one_slice(
+  tmp_path, tokenizer_path, compile_cache
+):
+  """mesh.dcn_data=2 with each process as a slice: the data axis spans the
+  two processes (one block each), fsdp and tensor stay inside a process,
+  and the run is the single-slice 2x2x2 run."""
+  overrides = {**OVERRIDES, 'data.tokenizer': tokenizer_path}
+  sliced = {**overrides, 'mesh.data': 1, 'mesh.dcn_data': 2}
+  workdir = str(tmp_path / 'sliced')
+  for code, out in finish(launch(workdir, sliced, compile_cache)):
+    assert code == 0, out
+  want_losses, want_params = reference_run(str(tmp_path / 'ref'), overrides)
+  got_losses = read_losses(workdir)
+  assert sorted(got_losses) == list(range(1, STEPS + 1)), got_losses
+  np.testing.assert_allclose(
+    [got_losses[s] for s in sorted(want_losses)],
+    [want_losses[s] for s in sorted(want_losses)],
+    rtol=1e-5,
+  )
+  got_params = jax.device_get(pretrain_lm.load(workdir).params)
+  for a, b in zip(
+    jax.tree.leaves(want_params), jax.tree.leaves(got_params), strict=True
+  ):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
 def test_hosts_with_different_configs_fail_at_start(
   tmp_path, tokenizer_path, compile_cache
 ):
