@@ -247,7 +247,11 @@ def base_config() -> ml_collections.ConfigDict:
   c.data.tfds_text_key = 'text'
   c.data.tfds_data_dir = ''
   c.data.tokenizer = ''  # a SentencePiece .model; '' trains one on `source`
-  c.data.tokenizer_type = 'unigram'  # or 'bpe', 'char'
+  # The kind trained without data.tokenizer: SentencePiece 'unigram' or
+  # 'bpe', 'char', BERT's 'wordpiece' (uncased) or GPT-2's 'byte_bpe' (with
+  # RoBERTa's <s> </s> <pad> <unk> <mask>), the last two trained with the
+  # tokenizers library and exported as BertTokenizer / RobertaTokenizer.
+  c.data.tokenizer_type = 'unigram'
   c.data.tokenizer_max_docs = 200_000  # documents sampled to train it
   # Keep the tokenized documents in memory after the first epoch, so later
   # epochs only pack, shuffle and mask (seqio's cached tasks, in RAM): for

@@ -269,6 +269,7 @@ def check_config(config: ml_collections.ConfigDict) -> None:
   import tensorflow as tf
 
   from pretrain_lm.data import pipeline, prepared, sources
+  from pretrain_lm.data import tokenizer as tokenizer_lib
   from pretrain_lm.objectives import OBJECTIVES
 
   m, d, t, c = config.model, config.data, config.train, config.checkpoint
@@ -312,6 +313,11 @@ def check_config(config: ml_collections.ConfigDict) -> None:
   _require(c.every > 0, f'checkpoint.every={c.every} must be > 0.')
   for name in ('keep', 'keep_best', 'keep_every'):
     _require(c[name] >= 0, f'checkpoint.{name}={c[name]} must be >= 0.')
+  _require(
+    d.tokenizer_type in tokenizer_lib.MODEL_TYPES,
+    f'data.tokenizer_type={d.tokenizer_type!r}; expected one of '
+    f'{tokenizer_lib.MODEL_TYPES}.',
+  )
   _require(
     c.best_mode in configlib.BEST_MODES,
     f'checkpoint.best_mode={c.best_mode!r}; expected one of '

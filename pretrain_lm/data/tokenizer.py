@@ -1,10 +1,12 @@
-"""Tokenizers: our own (SentencePiece or characters) and imported ones.
+"""Tokenizers: our own (SentencePiece, characters, WordPiece, byte-level BPE)
+and imported ones.
 
 Tokenizers this project trains have the same five special tokens at fixed
-ids: [PAD]=0, [UNK]=1, [CLS]=2, [SEP]=3, [MASK]=4. Tokenizers imported with
-a Hugging Face checkpoint keep their own ids (BERT's [PAD]=0, [CLS]=101;
-RoBERTa's <s>=0, <pad>=1), so code must read `pad_id`, `cls_id`, ...
-from the tokenizer, never assume them. A token a tokenizer lacks (T5 and
+ids: [PAD]=0, [UNK]=1, [CLS]=2, [SEP]=3, [MASK]=4 (a byte-level BPE names
+them as RoBERTa does: <pad>, <unk>, <s>, </s>, <mask>). Tokenizers imported
+with a Hugging Face checkpoint keep their own ids (BERT's [PAD]=0,
+[CLS]=101; RoBERTa's <s>=0, <pad>=1), so code must read `pad_id`, `cls_id`,
+... from the tokenizer, never assume them. A token a tokenizer lacks (T5 and
 GPT-2 have no mask token) has id NO_ID = -1, which matches no real id.
 
 Every kind shares one interface (`Tokenizer`) and one file name in a workdir
@@ -17,13 +19,16 @@ Every kind shares one interface (`Tokenizer`) and one file name in a workdir
   RoBERTa and BART's vocab.json and merges.txt).
 
 `import_hf_tokenizer` and `export_hf_tokenizer` convert from and to the
-Hugging Face files.
+Hugging Face files; `train_tokenizer` trains every kind but T5's (WordPiece
+and byte-level BPE with the Hugging Face tokenizers library, written as the
+importer writes them).
 """
 
 import functools
 import io
 import json
 import os
+import tempfile
 import unicodedata
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
@@ -34,6 +39,7 @@ import regex
 import sentencepiece as spm
 import tensorflow as tf
 import tensorflow_text as tf_text
+import tokenizers
 from absl import logging
 
 from pretrain_lm.data import prepared, records, sources
@@ -51,8 +57,9 @@ NO_ID = -1
 CHAR_TYPE = 'char'
 WORDPIECE_TYPE = 'wordpiece'
 BYTE_BPE_TYPE = 'byte_bpe'
-# data.tokenizer_type: SentencePiece's two, or characters.
-MODEL_TYPES = ('unigram', 'bpe', CHAR_TYPE)
+# data.tokenizer_type: SentencePiece's two, characters, or BERT's WordPiece
+# and GPT-2's byte-level BPE (trained with the tokenizers library).
+MODEL_TYPES = ('unigram', 'bpe', CHAR_TYPE, WORDPIECE_TYPE, BYTE_BPE_TYPE)
 # The file a run keeps its tokenizer in, inside the workdir.
 WORKDIR_FILENAME = 'tokenizer.model'
 
@@ -545,7 +552,7 @@ class WordPieceTfTokenizer:
 
 
 class WordPieceTokenizer(Tokenizer):
-  """BERT's WordPiece tokenizer, from an imported vocab.txt.
+  """BERT's WordPiece tokenizer, from an imported vocab.txt or trained.
 
   The file is JSON: {"type": "wordpiece", "vocab": [token of id 0, ...],
   "do_lower_case": bool, "strip_accents": bool or null (null: follow
@@ -757,12 +764,13 @@ class ByteBpeTokenizer(Tokenizer):
   bytes as bytes_to_unicode() characters, then the merges by rank.
 
   Special tokens: RoBERTa and BART have cls <s>=0, pad <pad>=1, sep
-  </s>=2, unk <unk>=3 and mask <mask> last. The mask token's text in the
-  input encodes to mask_id and, with mask_lstrip (RoBERTa's and BART's
-  lstrip=True), takes the whitespace before it: '... is <mask>.' masks the
-  token ' Paris'. The other specials' texts are encoded as text (Hugging
-  Face matches them all). GPT-2 has
-  only <|endoftext|>: it is cls, sep (it ends each document) and unk, and
+  </s>=2, unk <unk>=3 and mask <mask> last; train_tokenizer puts the same
+  five at this module's fixed ids (<pad>=0, ..., <mask>=4). The mask
+  token's text in the input encodes to mask_id and, with mask_lstrip
+  (RoBERTa's and BART's lstrip=True), takes the whitespace before it: '...
+  is <mask>.' masks the token ' Paris'. The other specials' texts are
+  encoded as text (Hugging Face matches them all). GPT-2 has only
+  <|endoftext|>: it is cls, sep (it ends each document) and unk, and
   mask_id is NO_ID. GPT-2 has no padding token, and padding must differ
   from the document separator (the pipeline tells packed documents apart
   by it), so pad_id is the token of byte 0xFF, which UTF-8 text never
@@ -1087,6 +1095,11 @@ def _byte_bpe_spec(src_dir: str, config: dict, special_map: dict) -> dict:
   }
 
 
+def _spec_bytes(spec: dict) -> bytes:
+  """The tokenizer file of a 'wordpiece' or 'byte_bpe' JSON document."""
+  return json.dumps(spec, ensure_ascii=False).encode('utf-8')
+
+
 def _exists(src_dir: str, names: Sequence[str]) -> bool:
   """Whether src_dir holds all the files `names`."""
   return all(tf.io.gfile.exists(os.path.join(src_dir, n)) for n in names)
@@ -1118,7 +1131,7 @@ def import_hf_tokenizer(src_dir: str, dst_path: str) -> Tokenizer:
   else:
     spec = None
   if spec is not None:
-    content = json.dumps(spec, ensure_ascii=False).encode('utf-8')
+    content = _spec_bytes(spec)
   else:
     names = [n for n in HF_FILES['sentencepiece'] if _exists(src_dir, [n])]
     if not names:
@@ -1323,19 +1336,26 @@ def train_tokenizer(
   vocab_size: int,
   model_type: str = 'unigram',
   seed: int = 0,
+  lowercase: bool = True,
 ) -> Tokenizer:
   """Trains a tokenizer on `texts` and writes it to `path`.
 
   Args:
     texts: documents. SentencePiece trains on each line of each as a
-      sentence; 'char' takes every character, newlines included.
+      sentence; 'char' takes every character, newlines included; WordPiece
+      and byte-level BPE take each document whole.
     path: where to write the tokenizer file (local or gs://).
     vocab_size: the most ids the tokenizer may have (model.vocab_size).
-      SentencePiece's limit is soft: small corpora give fewer pieces.
-      'char' has as many ids as the text has distinct characters (plus the
-      specials) and fails if that is more.
-    model_type: 'unigram' or 'bpe' (SentencePiece), or 'char'.
-    seed: seeds SentencePiece's sentence sampling.
+      The limit is soft for SentencePiece, WordPiece and byte-level BPE:
+      small corpora give fewer pieces. 'char' has as many ids as the text
+      has distinct characters (plus the specials) and fails if that is
+      more.
+    model_type: one of MODEL_TYPES: 'unigram' or 'bpe' (SentencePiece),
+      'char', 'wordpiece' (BERT) or 'byte_bpe' (GPT-2, RoBERTa).
+    seed: seeds SentencePiece's sentence sampling; the other kinds train
+      without randomness.
+    lowercase: WordPiece only: BERT's uncased normalisation (lower-case
+      and strip accents), or the cased one.
 
   Returns:
     The trained tokenizer, loaded from `path`.
@@ -1346,6 +1366,36 @@ def train_tokenizer(
     )
   if model_type == CHAR_TYPE:
     return _train_char_tokenizer(texts, path, vocab_size=vocab_size)
+  if model_type == WORDPIECE_TYPE:
+    _train_wordpiece(texts, path, vocab_size=vocab_size, lowercase=lowercase)
+  elif model_type == BYTE_BPE_TYPE:
+    _train_byte_bpe(texts, path, vocab_size=vocab_size)
+  else:
+    _train_sentencepiece(
+      texts, path, vocab_size=vocab_size, model_type=model_type, seed=seed
+    )
+  tokenizer = load_tokenizer(path)
+  if tokenizer.vocab_size < vocab_size:
+    logging.warning(
+      'The text only fills %d of the %d requested tokenizer pieces; %s has '
+      'vocab_size %d.',
+      tokenizer.vocab_size,
+      vocab_size,
+      path,
+      tokenizer.vocab_size,
+    )
+  return tokenizer
+
+
+def _train_sentencepiece(
+  texts: Iterable[str],
+  path: str,
+  *,
+  vocab_size: int,
+  model_type: str,
+  seed: int,
+) -> None:
+  """Writes a SentencePiece model ('unigram' or 'bpe') of `texts` to `path`."""
   spm.set_random_generator_seed(seed)
   model = io.BytesIO()
   pieces = {name: piece for name, (piece, _) in SPECIAL_PIECES.items()}
@@ -1393,17 +1443,166 @@ def train_tokenizer(
       f'text ({e}); use a {advice} --config.model.vocab_size.'
     ) from e
   _write_atomically(path, model.getvalue())
-  tokenizer = load_tokenizer(path)
-  if tokenizer.vocab_size < vocab_size:
-    logging.warning(
-      'The text only fills %d of the %d requested tokenizer pieces; %s has '
-      'vocab_size %d.',
-      tokenizer.vocab_size,
-      vocab_size,
-      path,
-      tokenizer.vocab_size,
+
+
+# The defaults of the tokenizers library's BertWordPieceTokenizer and
+# ByteLevelBPETokenizer: a merge needs a pair seen twice, and WordPiece
+# keeps the 1,000 most frequent characters (the rest encode as [UNK]).
+_HF_MIN_FREQUENCY = 2
+_WORDPIECE_ALPHABET = 1000
+
+
+def _bert_pipeline(lowercase: bool) -> tokenizers.Tokenizer:
+  """A WordPiece model behind BERT's normaliser and pre-tokenizer."""
+  hf = tokenizers.Tokenizer(
+    tokenizers.models.WordPiece(unk_token=SPECIAL_PIECES['unk'][0])
+  )
+  # strip_accents=None strips them when lower-casing, as BERT's uncased
+  # models (and WordPieceTokenizer's "strip_accents": null) do.
+  hf.normalizer = tokenizers.normalizers.BertNormalizer(lowercase=lowercase)
+  hf.pre_tokenizer = tokenizers.pre_tokenizers.BertPreTokenizer()
+  return hf
+
+
+def _wordpiece_alphabet(
+  texts: Sequence[str], lowercase: bool
+) -> tuple[list[str], list[str]]:
+  """(characters, '##' continuations) a WordPiece vocab of `texts` starts with.
+
+  The ones the tokenizers library's trainer would pick: the
+  _WORDPIECE_ALPHABET most frequent characters after BERT's normalisation,
+  and '##c' for those that occur inside a word. Its trainer numbers the
+  continuations in hash-map order, and a tie between merges goes to the
+  lower ids, so two runs on the same text can learn different vocabularies
+  (huggingface/tokenizers#1794); given sorted, as the first tokens, they
+  have the same ids in every run.
+  """
+  hf = _bert_pipeline(lowercase)
+  # With no room for merges, training only lists the initial tokens: every
+  # character and continuation, with no alphabet limit.
+  hf.train_from_iterator(
+    texts,
+    tokenizers.trainers.WordPieceTrainer(vocab_size=0, show_progress=False),
+  )
+  initial = hf.get_vocab()
+  chars = sorted(t for t in initial if len(t) == 1)
+  if len(chars) > _WORDPIECE_ALPHABET:
+    # Character counts, most frequent first (ties by character): a word
+    # level vocabulary of the text split into single characters.
+    counter = tokenizers.Tokenizer(
+      tokenizers.models.WordLevel(unk_token=SPECIAL_PIECES['unk'][0])
     )
-  return tokenizer
+    counter.normalizer = hf.normalizer
+    counter.pre_tokenizer = tokenizers.pre_tokenizers.Sequence(
+      [
+        hf.pre_tokenizer,
+        tokenizers.pre_tokenizers.Split(tokenizers.Regex('.'), 'isolated'),
+      ]
+    )
+    counter.train_from_iterator(
+      texts,
+      tokenizers.trainers.WordLevelTrainer(
+        vocab_size=_WORDPIECE_ALPHABET, show_progress=False
+      ),
+    )
+    chars = sorted(counter.get_vocab())
+  continuations = [f'##{c}' for c in chars if f'##{c}' in initial]
+  return chars, continuations
+
+
+def _check_room(kind: str, needed: int, what: str, vocab_size: int) -> None:
+  """Raises unless `vocab_size` holds the `needed` ids training starts with."""
+  # Checked before writing, so a fixed rerun does not find a tokenizer that
+  # its model cannot hold in the workdir.
+  if needed > vocab_size:
+    raise ValueError(
+      f'A {kind} tokenizer of this text starts with {needed} ids ({what}), '
+      f'more than its vocab_size={vocab_size} (model.vocab_size less the '
+      'ids the objective reserves); raise --config.model.vocab_size.'
+    )
+
+
+def _write_hf_trained(
+  hf: tokenizers.Tokenizer, path: str, build, config: dict
+) -> None:
+  """Writes the trained `hf` model as the JSON document the importer makes.
+
+  `build` is the importer's spec builder, reading the files the model
+  saves (vocab.txt, or vocab.json and merges.txt) and `config` as
+  tokenizer_config.json's content.
+  """
+  with tempfile.TemporaryDirectory() as src_dir:
+    hf.model.save(src_dir)
+    spec = build(src_dir, config, {})
+  # No Hugging Face configs of its own to write back on export.
+  del spec['hf_tokenizer_config'], spec['hf_special_tokens_map']
+  _write_atomically(path, _spec_bytes(spec))
+
+
+def _train_wordpiece(
+  texts: Iterable[str], path: str, *, vocab_size: int, lowercase: bool
+) -> None:
+  """Writes BERT's WordPiece, trained on `texts`, to `path`.
+
+  The pipeline of the tokenizers library's BertWordPieceTokenizer, with the
+  five specials at the ids of SPECIAL_PIECES.
+  """
+  texts = list(texts)  # read three times: alphabet, counts, training
+  chars, continuations = _wordpiece_alphabet(texts, lowercase)
+  specials = [piece for piece, _ in SPECIAL_PIECES.values()]
+  _check_room(
+    'WordPiece',
+    len(specials) + len(chars) + len(continuations),
+    f'{len(specials)} specials, {len(chars)} characters and '
+    f'{len(continuations)} "##" continuations',
+    vocab_size,
+  )
+  hf = _bert_pipeline(lowercase)
+  trainer = tokenizers.trainers.WordPieceTrainer(
+    vocab_size=vocab_size,
+    min_frequency=_HF_MIN_FREQUENCY,
+    # Given in this order, the initial tokens take the first ids; the
+    # trainer's own alphabet is then empty. (The throwaway `hf` tokenizer
+    # treats them as specials; only its model's vocab is kept.)
+    special_tokens=specials + chars + continuations,
+    limit_alphabet=0,
+    continuing_subword_prefix='##',
+    show_progress=False,
+  )
+  hf.train_from_iterator(texts, trainer)
+  _write_hf_trained(hf, path, _wordpiece_spec, {'do_lower_case': lowercase})
+
+
+def _train_byte_bpe(
+  texts: Iterable[str], path: str, *, vocab_size: int
+) -> None:
+  """Writes a byte-level BPE (GPT-2's encoding), trained on `texts`, to `path`.
+
+  RoBERTa's and BART's special tokens, so that every objective finds its
+  mask and separator, at the ids of SPECIAL_PIECES: <pad>=0, <unk>=1,
+  <s>=2, </s>=3, <mask>=4. Padding at 0 matches model.pad_id's default.
+  """
+  specials = [_ROBERTA_TOKENS[name] for name in SPECIAL_PIECES]
+  alphabet = tokenizers.pre_tokenizers.ByteLevel.alphabet()
+  _check_room(
+    'byte-level BPE',
+    len(specials) + len(alphabet),
+    f'{len(specials)} specials and {len(alphabet)} bytes',
+    vocab_size,
+  )
+  hf = tokenizers.Tokenizer(tokenizers.models.BPE())
+  # GPT-2's, RoBERTa's and BART's: no space added before the text.
+  hf.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
+  trainer = tokenizers.trainers.BpeTrainer(
+    vocab_size=vocab_size,
+    min_frequency=_HF_MIN_FREQUENCY,
+    special_tokens=specials,
+    # Every byte, seen or not, so that any text encodes without <unk>.
+    initial_alphabet=alphabet,
+    show_progress=False,
+  )
+  hf.train_from_iterator(texts, trainer)
+  _write_hf_trained(hf, path, _byte_bpe_spec, {})
 
 
 def _train_char_tokenizer(
