@@ -43,6 +43,11 @@ and LayerNorm), 10k warmup steps then linear decay to zero, dropout 0.1,
 GELU, post-LN, MLM head tied to the token embedding, 15% of tokens
 predicted (80% [MASK] / 10% random / 10% kept). For large batches (You et
 al., 2020) add `--config.optimizer.name=lamb`.
+
+Without `data.tokenizer` a SentencePiece unigram model is trained on the
+data; `--config.data.tokenizer_type=wordpiece` trains BERT's uncased
+WordPiece instead ([PAD] [UNK] [CLS] [SEP] [MASK] at ids 0-4), which
+exports as a transformers BertTokenizer.
 """
 
 from pretrain_lm import configlib

@@ -16,6 +16,9 @@ The architecture is GPT-2's: pre-LN with a final LayerNorm, learned
 positions (1024), tanh-GELU, residual projections initialised with
 std 0.02 / sqrt(2 * layers), output logits tied to the token embedding,
 and no token types; `small` has 124M parameters with the 50,257 vocab.
+The tokenizer trained on the data is SentencePiece BPE;
+`--config.data.tokenizer_type=byte_bpe` trains GPT-2's byte-level BPE
+instead (with RoBERTa's specials, </s> ending each document).
 
 `tiny` is nanoGPT's CPU recipe on Shakespeare (experiments/shakespeare_char):
 character tokens, 4 layers, 4 heads, width 128, context 64, batch 12, 2000
@@ -57,6 +60,7 @@ def get_config(arg=None):
 
   c.objective.name = arg.objective
 
+  # Not byte_bpe: it encodes in Python inside tf.data (configs/roberta.py).
   c.data.tokenizer_type = 'bpe'
   c.data.packing = 'concat'
   c.data.seq_len = 1024

@@ -12,9 +12,12 @@ prediction; FULL-SENTENCES packing (rows filled with whole documents back to
 back, a separator between documents) at length 512; dynamic masking; batch 8k
 sequences with peak lr 6e-4 (base) / 4e-4 (large), Adam b2 0.98, warmup 24k
 (base) / 30k (large) over 500k steps; a 50k byte-level BPE vocabulary (here a
-SentencePiece BPE model trained on the data). One deviation: a token here
-attends only to its own document within a packed row (segment ids, as in
-T5X), where RoBERTa let documents of one row see each other.
+SentencePiece BPE model trained on the data, or RoBERTa's own kind with
+`--config.data.tokenizer_type=byte_bpe`: GPT-2's byte-level encoding and
+RoBERTa's <s> </s> <pad> <unk> <mask>, exported as a RobertaTokenizer). One
+deviation: a token here attends only to its own document within a packed
+row (segment ids, as in T5X), where RoBERTa let documents of one row see
+each other.
 """
 
 from pretrain_lm import configlib
@@ -37,6 +40,9 @@ def get_config(arg=None):
 
   c.objective.name = 'mlm'
 
+  # SentencePiece has a TF op; byte_bpe encodes in Python inside tf.data
+  # (one core, under the GIL), a bottleneck for raw text at this batch size
+  # (a prepared corpus is encoded once, offline).
   c.data.tokenizer_type = 'bpe'
   c.data.seq_len = 512
   c.data.batch_size = 8192
