@@ -538,6 +538,7 @@ class Pretrained:
           num_steps=max_new_tokens,
           beam_size=sampling['num_beams'],
           eos_id=eos_id,
+          alpha=sampling['length_penalty'],
           pad_id=self.tokenizer.pad_id,
         )
         return ids_BWT[:, 0]
@@ -570,6 +571,7 @@ class Pretrained:
           num_steps=max_new_tokens,
           beam_size=sampling['num_beams'],
           eos_id=eos_id,
+          alpha=sampling['length_penalty'],
         )
         return ids_BWT[:, 0]
       return decoding.sample(
@@ -593,6 +595,7 @@ class Pretrained:
     top_k: int = 0,
     top_p: float = 1.0,
     num_beams: int = 1,
+    length_penalty: float = 0.6,
     seed: int = 0,
     stop_at_eos: bool = True,
   ) -> str | list[str]:
@@ -618,8 +621,9 @@ class Pretrained:
       temperature: sampling temperature; 0 is greedy search.
       top_k: if > 0, sample among the k most likely tokens only.
       top_p: if < 1, sample from the smallest most-likely set of mass top_p.
-      num_beams: > 1 for beam search (GNMT length penalty; ignores the
-        sampling options).
+      num_beams: > 1 for beam search (ignores the sampling options).
+      length_penalty: beam search's GNMT length-penalty exponent alpha
+        (decoding.length_penalty); 0 ranks by the plain log-probability.
       seed: the sampling PRNG seed: the same seed gives the same text.
       stop_at_eos: end each text at [SEP], the end of a document.
 
@@ -645,26 +649,9 @@ class Pretrained:
       raise ValueError(f'max_new_tokens must be >= 1, got {max_new_tokens}.')
     prompts, single = _as_list(prompt)
     tok, max_len = self.tokenizer, self.model.cfg.max_len
-    sampling = dict(
-      temperature=float(temperature),
-      top_k=int(top_k),
-      top_p=float(top_p),
-      num_beams=int(num_beams),
-    )
-    # An eos of -1 never matches: beam search then runs to the end.
-    eos_id = tok.sep_id if stop_at_eos or num_beams > 1 else -1
-    key = ('generate', max_new_tokens, eos_id, tuple(sorted(sampling.items())))
-    rng = jax.random.key(seed)
-    texts = [None] * len(prompts)
-
     if self.family == 'decoder':
-      fn = self._jit(
-        key,
-        lambda: self._decoder_generate_fn(max_new_tokens, eos_id, sampling),
-      )
-      groups = {}
-      for i, p in enumerate(prompts):
-        ids = tok.encode(p)
+      rows = [tok.encode(p) for p in prompts]
+      for p, ids in zip(prompts, rows, strict=True):
         if not ids:
           raise ValueError(
             f'Prompt {p!r} has no tokens; a decoder continues a prompt.'
@@ -674,20 +661,121 @@ class Pretrained:
             f'Prompt {p!r} ({len(ids)} tokens) + max_new_tokens='
             f'{max_new_tokens} exceeds model.max_len={max_len}.'
           )
-        groups.setdefault(len(ids), []).append((i, ids))
+    else:
+      rows = [self._frame(self._encode_prompt(p)) for p in prompts]
+      for p, row in zip(prompts, rows, strict=True):
+        if len(row) > max_len:
+          raise ValueError(
+            f'Prompt {p!r} is {len(row)} encoder tokens, more than '
+            f'model.max_len={max_len}.'
+          )
+    out_NT = self.generate_ids(
+      rows,
+      max_new_tokens,
+      temperature=temperature,
+      top_k=top_k,
+      top_p=top_p,
+      num_beams=num_beams,
+      length_penalty=length_penalty,
+      seed=seed,
+      stop_at_eos=stop_at_eos,
+    )
+    texts = [self._text_of(ids_T, stop_at_eos) for ids_T in out_NT]
+    return texts[0] if single else texts
+
+  def generate_ids(
+    self,
+    rows: Sequence[Sequence[int]],
+    max_new_tokens: int = 32,
+    *,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    num_beams: int = 1,
+    length_penalty: float = 0.6,
+    seed: int = 0,
+    stop_at_eos: bool = True,
+    batch_size: int = 0,
+  ) -> np.ndarray:
+    """generate's search on rows of token ids: the ids generated after each.
+
+    A decoder's row is its prompt's ids, continued from the last one; rows
+    of equal length decode together. An encoder-decoder's row is its
+    encoder input as is (no framing added); its decoder starts from [CLS].
+
+    Args:
+      rows: token ids, one row per prompt (none empty).
+      max_new_tokens, temperature, top_k, top_p, num_beams, length_penalty,
+        seed, stop_at_eos: as in generate.
+      batch_size: the most rows one call decodes; 0 decodes all rows (a
+        decoder: each group of equal length) at once. A call with fewer
+        rows is padded to a power of two of them (at most batch_size), so
+        that the calls share few compiled shapes.
+
+    Returns:
+      int32[N, max_new_tokens], row i's generated ids; after [SEP] (with
+      stop_at_eos, or in beam search) the rest is [PAD].
+    """
+    if self.family not in _GENERATE_FAMILIES:
+      raise ValueError(
+        f'generate needs a decoder; the {self.family!r} family has none '
+        f'(families with one: {", ".join(_GENERATE_FAMILIES)}). Use '
+        'fill_mask() for masked-LM encoders.'
+      )
+    if max_new_tokens < 1:
+      raise ValueError(f'max_new_tokens must be >= 1, got {max_new_tokens}.')
+    rows = [list(map(int, row)) for row in rows]
+    if not rows:
+      raise ValueError('Got no rows.')
+    tok, max_len = self.tokenizer, self.model.cfg.max_len
+    sampling = dict(
+      temperature=float(temperature),
+      top_k=int(top_k),
+      top_p=float(top_p),
+      num_beams=int(num_beams),
+      length_penalty=float(length_penalty),
+    )
+    # An eos of -1 never matches: beam search then runs to the end.
+    eos_id = tok.sep_id if stop_at_eos or num_beams > 1 else -1
+    key = ('generate', max_new_tokens, eos_id, tuple(sorted(sampling.items())))
+    rng = jax.random.key(seed)
+    out_NT = np.full((len(rows), max_new_tokens), tok.pad_id, np.int32)
+
+    def calls(indices: list[int]):
+      """Chunks of row indices, each padded to one call's row count."""
+      chunk = len(indices)
+      if batch_size:
+        chunk = self._rows_per_call(len(indices), batch_size)
+      for start in range(0, len(indices), chunk):
+        part = indices[start : start + chunk]
+        yield part, part + [part[0]] * (chunk - len(part))
+
+    if self.family == 'decoder':
+      fn = self._jit(
+        key,
+        lambda: self._decoder_generate_fn(max_new_tokens, eos_id, sampling),
+      )
+      groups = {}
+      for i, ids in enumerate(rows):
+        if not ids or len(ids) + max_new_tokens > max_len:
+          raise ValueError(
+            f'Row {i} has {len(ids)} tokens; a decoder needs at least one, '
+            f'and with max_new_tokens={max_new_tokens} at most '
+            f'model.max_len={max_len}.'
+          )
+        groups.setdefault(len(ids), []).append(i)
       with self.context():
         for group in groups.values():
-          prompt_BT = np.asarray([ids for _, ids in group], np.int32)
-          out_BT = np.asarray(fn(self.params, prompt_BT, rng))
-          for (i, _), ids_T in zip(group, out_BT, strict=True):
-            texts[i] = self._text_of(ids_T, stop_at_eos)
-      return texts[0] if single else texts
+          for part, padded in calls(group):
+            prompt_BT = np.asarray([rows[i] for i in padded], np.int32)
+            out_BT = np.asarray(fn(self.params, prompt_BT, rng))
+            out_NT[part] = out_BT[: len(part)]
+      return out_NT
 
-    rows = [self._frame(self._encode_prompt(p)) for p in prompts]
-    for p, row in zip(prompts, rows, strict=True):
-      if len(row) > max_len:
+    for i, row in enumerate(rows):
+      if not row or len(row) > max_len:
         raise ValueError(
-          f'Prompt {p!r} is {len(row)} encoder tokens, more than '
+          f'Row {i} has {len(row)} encoder tokens; it needs 1 to '
           f'model.max_len={max_len}.'
         )
     if max_new_tokens > max_len:
@@ -696,14 +784,18 @@ class Pretrained:
       )
     length = _bucket(max(map(len, rows)), max_len)
     ids_NS, mask_NS = _pad_rows(rows, length, tok.pad_id)
-    batch = {'encoder_input_ids': ids_NS, 'encoder_segment_ids': mask_NS}
     fn = self._jit(
       key, lambda: self._seq2seq_generate_fn(max_new_tokens, eos_id, sampling)
     )
     with self.context():
-      out_NT = np.asarray(fn(self.params, batch, rng))
-    texts = [self._text_of(ids_T, stop_at_eos) for ids_T in out_NT]
-    return texts[0] if single else texts
+      for part, padded in calls(list(range(len(rows)))):
+        batch = {
+          'encoder_input_ids': ids_NS[padded],
+          'encoder_segment_ids': mask_NS[padded],
+        }
+        out_BT = np.asarray(fn(self.params, batch, rng))
+        out_NT[part] = out_BT[: len(part)]
+    return out_NT
 
   # Features.
 

@@ -21,8 +21,12 @@ Entry points:
 
 - `pretrain_lm.finetune.fewshot`: zero- and few-shot multiple choice for
   decoders, no training (`fewshot.evaluate_file(workdir, data, k=2)`).
+
+`text2text` fine-tunes decoders and encoder-decoders to generate targets
+(head 'lm'); its evaluation decodes the dev inputs, and each evaluation's
+texts go to the workdir's predictions_<step>.jsonl.
 """
 
-from pretrain_lm.finetune import conll, glue, squad
+from pretrain_lm.finetune import conll, glue, squad, text2text
 
-TASKS = {'glue': glue, 'squad': squad, 'conll': conll}
+TASKS = {'glue': glue, 'squad': squad, 'conll': conll, 'text2text': text2text}

@@ -15,7 +15,7 @@ from pretrain_lm import configlib, validate
 from pretrain_lm.finetune import TASKS
 
 # Valid values of the string-choice fields, checked before anything is built.
-HEADS = ('classification', 'regression', 'span', 'token')
+HEADS = ('classification', 'regression', 'span', 'token', 'lm')
 POOLINGS = ('auto', 'cls', 'pooler', 'mean', 'max', 'last')
 SCHEDULES = ('linear', 'slanted_triangular')
 # The pretraining families a head can sit on ('electra': its discriminator).
@@ -201,6 +201,21 @@ def check_config(config: ml_collections.ConfigDict, workdir: str = '') -> None:
     not (config.head.siamese and config.head.text_to_text),
     'head.siamese and head.text_to_text exclude each other.',
   )
+  module = TASKS[task.name]
+  if (module.head(task) if hasattr(module, 'head') else module.HEAD) == 'lm':
+    # The body's own LM head is the whole model: no sentence vector to
+    # pool or mix, no head to train on a frozen body, and a teacher's
+    # [N, L, V] logits per training row would not fit in memory.
+    for name in ('siamese', 'text_to_text', 'scalar_mix', 'freeze_backbone'):
+      _require(
+        not config.head[name],
+        f"head.{name}: task {task.name} generates text with the body's "
+        'language-model head, which has no such option.',
+      )
+    _require(
+      not config.distill.teacher,
+      f'distill.teacher: task {task.name} cannot be distilled.',
+    )
   _require(task.seq_len > 0, f'task.seq_len={task.seq_len} must be > 0.')
   validate.check_cache_dir(train.compilation_cache_dir)
   validate.check_compiler_options(train.compiler_options)

@@ -10,14 +10,15 @@ an empty data_dir reads the SST-2 sample bundled with the package.
 Metrics are fractions (accuracy 0.93, not 93): each task's official ones,
 plus the mean GLUE's leaderboard scores MRPC, QQP and STS-B by.
 
-Every task module (glue, squad, conll) has the same interface, which the
-fine-tuning loop calls: `read(task_config, split)` -> examples (dicts);
-`featurize(examples, tokenizer, task_config, *, seq_len, family)` -> numpy
-rows with static shapes ('input_ids', 'input_mask', 'token_type_ids',
-'example_index', the head's labels, and bookkeeping `evaluate` needs);
-`evaluate(examples, rows, predictions, task_config)` -> official metrics
-from the head's outputs for every row; `head`, `num_labels`,
-`metric_name`, `eval_splits` and `check_config` of the task config.
+Every task module (glue, squad, conll, text2text) has the same interface,
+which the fine-tuning loop calls: `read(task_config, split)` -> examples
+(dicts); `featurize(examples, tokenizer, task_config, *, seq_len, family)`
+-> numpy rows with static shapes ('input_ids', 'input_mask',
+'token_type_ids', 'example_index', the head's labels, and bookkeeping
+`evaluate` needs); `evaluate(examples, rows, predictions, task_config)` ->
+official metrics from the head's outputs for every row (a generative
+task's: the decoded 'texts'); `head`, `num_labels`, `metric_name`,
+`eval_splits` and `check_config` of the task config.
 """
 
 import dataclasses

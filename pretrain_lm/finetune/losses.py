@@ -14,6 +14,7 @@ LABEL_KEYS = {
   'regression': ('label',),
   'span': ('start_position', 'end_position'),
   'token': ('token_labels',),
+  'lm': ('target_ids', 'target_mask'),
 }
 # The head's outputs, each distilled from the teacher's output of that name
 # (carried in the batch as teacher_<name>).
@@ -22,6 +23,7 @@ OUTPUT_KEYS = {
   'regression': ('logits',),
   'span': ('start_logits', 'end_logits'),
   'token': ('token_logits',),
+  'lm': ('logits',),
 }
 TEACHER_PREFIX = 'teacher_'
 
@@ -91,6 +93,16 @@ def loss_fn(
         + cross_entropy(outputs['end_logits'], batch['end_position'])
       )
       weight = jnp.ones_like(gold)
+    elif head == 'lm':
+      # Token-level cross-entropy over the target tokens alone, averaged
+      # over the batch's target tokens (T5's loss normalisation by tokens).
+      labels = batch['target_ids']
+      gold = cross_entropy(outputs['logits'], labels)
+      weight = batch['target_mask'].astype(jnp.float32)
+      correct = jnp.argmax(outputs['logits'], -1) == labels
+      metrics['accuracy'] = jnp.sum(correct * weight) / jnp.maximum(
+        jnp.sum(weight), 1.0
+      )
     elif head == 'token':
       labels = batch['token_labels']
       gold = cross_entropy(outputs['token_logits'], labels)
@@ -130,6 +142,14 @@ def loss_fn(
   return fn
 
 
+def target_nll(logits, target_ids, target_mask) -> dict[str, jax.Array]:
+  """Per row: the target tokens' summed negative log-likelihood, and their
+  count (a generative split's dev loss without its [N, L, V] logits)."""
+  weight = target_mask.astype(jnp.float32)
+  nll = cross_entropy(logits, target_ids) * weight
+  return {'target_nll': jnp.sum(nll, -1), 'target_tokens': jnp.sum(weight, -1)}
+
+
 def _log_softmax(x: np.ndarray) -> np.ndarray:
   x = x.astype(np.float64)
   x = x - x.max(-1, keepdims=True)
@@ -150,6 +170,9 @@ def eval_loss(
   """The gold loss over a split's labelled rows (None without labels)."""
   if any(k not in features for k in LABEL_KEYS[head]):
     return None
+  if head == 'lm':  # per token, as in training
+    tokens = predictions['target_tokens'].sum()
+    return float(predictions['target_nll'].sum() / tokens) if tokens else None
   if head == 'classification':
     labels = features['label']
     keep = labels >= 0

@@ -10,6 +10,9 @@ MLM head, NSP's classifier) and restores from it by a partial restore. Heads
   span - dense D -> 2 on every token: `start_logits`, `end_logits` [B, L],
       padding at MASKED_LOGIT (BERT's SQuAD head).
   token - dropout, dense D -> C per token: `token_logits` [B, L, C].
+  lm - no head of its own: the body's language-model head, restored with
+      it, gives `logits` [B, L, V] (an encoder-decoder's decoder length;
+      text2text.py lays out the rows).
 
 Sentence-BERT's siamese heads (`siamese`) embed two sentences u, v with the
 same body: classification reads (u, v, |u - v|), regression is cos(u, v).
@@ -82,14 +85,15 @@ def backbone_inputs(batch: dict[str, Array], family: str) -> dict:
 
   An encoder-decoder reads the same tokens in both stacks (BART's
   classification recipe): the decoder's state at a token has read the whole
-  encoded row and the row up to that token.
+  encoded row and the row up to that token. A generative row brings its
+  own decoder_input_ids (the target, teacher-forced).
   """
   ids, mask = batch['input_ids'], batch['input_mask']
   if family == 'encoder_decoder':
     return {
       'encoder_input_ids': ids,
       'encoder_input_mask': mask,
-      'decoder_input_ids': ids,
+      'decoder_input_ids': batch.get('decoder_input_ids', ids),
     }
   inputs = {'input_ids': ids, 'input_mask': mask}
   if 'token_type_ids' in batch:
@@ -192,6 +196,16 @@ class FinetuneModel(nn.Module):
       )
     if self.label_sequences:
       return {'logits': self._score_labels(body, batch, deterministic)}
+    if self.head == 'lm':
+      if family not in ('decoder', 'encoder_decoder'):
+        raise ValueError(
+          f"head 'lm' generates text: it needs a decoder or an "
+          f'encoder-decoder, not {cfg.family!r}.'
+        )
+      outputs = body(
+        backbone_inputs(batch, family), deterministic=deterministic
+      )
+      return {'logits': outputs['logits']}
     mix = None
     if self.scalar_mix:
       mix = ScalarMix(self.mix_layer_norm, name='scalar_mix')

@@ -15,11 +15,13 @@ from pretrain_lm.data import tokenizer as tokenizer_lib
 from pretrain_lm.finetune import TASKS, inputs
 from pretrain_lm.finetune import model as model_lib
 
-# Row features the model reads (b_*: a siamese head's second sentence).
+# Row features the model reads (b_*: a siamese head's second sentence;
+# decoder_input_ids: a generative encoder-decoder row's target).
 INPUT_KEYS = (
   'input_ids',
   'input_mask',
   'token_type_ids',
+  'decoder_input_ids',
   'b_input_ids',
   'b_input_mask',
   'b_token_type_ids',

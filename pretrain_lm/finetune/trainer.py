@@ -7,12 +7,14 @@ machinery: the mesh and rule table, the TrainState and its jitted step,
 Orbax checkpoints (resumable: rerun the same call), metrics.jsonl and
 TensorBoard. The fine-tuning workdir holds everything a later load needs:
 config.json, init_config.json (the body's pretraining config), the tokenizer
-and results.json (the best and the final dev metrics).
+and results.json (the best and the final dev metrics); a generative task
+(text2text) also writes each evaluation's decoded texts there.
 """
 
 import contextlib
 import dataclasses
 import functools
+import json
 import os
 import time
 from collections.abc import Callable
@@ -28,13 +30,14 @@ from jax.experimental import multihost_utils
 
 from pretrain_lm import checkpoint as checkpoint_lib
 from pretrain_lm import metrics as metrics_lib
+from pretrain_lm import pretrained as pretrained_lib
 from pretrain_lm import sharding, train
 from pretrain_lm.data import tokenizer as tokenizer_lib
 from pretrain_lm.finetune import TASKS, losses, optimizer
 from pretrain_lm.finetune import config as config_lib
 from pretrain_lm.finetune import model as model_lib
 from pretrain_lm.finetune import rows as rows_lib
-from pretrain_lm.models import ModelConfig
+from pretrain_lm.models import MODELS, ModelConfig
 
 INIT_CONFIG_FILE = 'init_config.json'
 RESULTS_FILE = 'results.json'
@@ -44,6 +47,12 @@ BEST_DIR = 'best'
 def predict_step(params, batch, *, model):
   """The head's outputs on a batch, without dropout."""
   return model.apply({'params': params}, batch, deterministic=True)
+
+
+def lm_predict_step(params, batch, *, model):
+  """A generative row's target NLL and token count (losses.target_nll)."""
+  logits = model.apply({'params': params}, batch, deterministic=True)['logits']
+  return losses.target_nll(logits, batch['target_ids'], batch['target_mask'])
 
 
 def _example_batch(features: dict[str, np.ndarray], keys, rows: int) -> dict:
@@ -332,6 +341,26 @@ class Trainer:
     self.batch_shapes = _example_batch(
       features, self.train_keys, self.batch_size
     )
+    # A generative task's evaluation decodes with the body's own params
+    # through pretrain_lm.Pretrained's search, and its dev loss is reduced
+    # on the device: gathering [N, L, V] logits to the host would not fit.
+    predict, self.predict_keys, self.generator = (
+      predict_step,
+      self.input_keys,
+      None,
+    )
+    if self.head == 'lm':
+      predict = lm_predict_step
+      self.predict_keys = self.input_keys + losses.LABEL_KEYS['lm']
+      self.generator = pretrained_lib.Pretrained(
+        config=ml_collections.ConfigDict(self.init_config),
+        model=MODELS[model_lib.backbone_family(family)](self.model_config),
+        params=None,
+        tokenizer=self.tokenizer,
+        step=0,
+        mesh=self.mesh,
+      )
+      self._check_generation_lengths()
     with self.context():
       self._abstract = train.abstract_train_state(
         self.model, self.tx, self.batch_shapes, self.mesh
@@ -362,7 +391,7 @@ class Trainer:
     )
     self._p_train_step = self.jit_step(self.microbatches)
     self._p_predict = jax.jit(
-      functools.partial(predict_step, model=self.model),
+      functools.partial(predict, model=self.model),
       in_shardings=(self.shardings.params, batch_sharding),
       out_shardings=sharding.replicated(self.mesh),
       compiler_options=self.compiler_options,
@@ -481,9 +510,67 @@ class Trainer:
         state = state.replace(params=dict(state.params, backbone=body))
       return state  # (3) with init.random_init
 
-  def evaluate(self, params) -> dict[str, float]:
+  def _check_generation_lengths(self) -> None:
+    """Raises unless the body's positions cover the training rows and
+    every dev prompt with max_new_tokens after it."""
+    tc, max_len = self.config.task, self.model_config.max_len
+    longest = max(tc.seq_len, tc.target_len, tc.max_new_tokens)
+    if self.model_config.family == 'decoder':
+      prompts = max(
+        int(split.features['prompt_length'].max())
+        for split in self.eval_splits.values()
+      )
+      longest = max(longest, prompts + tc.max_new_tokens)
+    if longest > max_len:
+      raise ValueError(
+        f'task.seq_len={tc.seq_len}, task.target_len={tc.target_len} and '
+        f'task.max_new_tokens={tc.max_new_tokens} make rows of {longest} '
+        f'tokens, more than the model.max_len={max_len} of the body.'
+      )
+
+  def generate(self, params, features: dict[str, np.ndarray]) -> list[str]:
+    """Each row's decoded text from its prompt, as the task config says
+    (greedy, or beam search with its length penalty), cut at [SEP]."""
+    tc, generator = self.config.task, self.generator
+    generator.params = params['backbone']
+    rows = [
+      ids[:n]
+      for ids, n in zip(
+        features['input_ids'], features['prompt_length'], strict=True
+      )
+    ]
+    out_NT = generator.generate_ids(
+      rows,
+      tc.max_new_tokens,
+      temperature=0.0,
+      num_beams=tc.num_beams,
+      length_penalty=tc.length_penalty,
+      batch_size=self.eval_batch_size,
+    )
+    sep, texts = self.tokenizer.sep_id, []
+    for ids in out_NT.tolist():
+      texts.append(
+        generator.decode(ids[: ids.index(sep)] if sep in ids else ids)
+      )
+    return texts
+
+  def _write_predictions(
+    self, name: str, step: int, split: rows_lib.Split, texts: list[str]
+  ) -> None:
+    """predictions_<step>.jsonl (dev; predictions_<split>_<step>.jsonl for
+    others): each example with its generated 'prediction'."""
+    infix = '' if name == 'dev' else f'{name}_'
+    path = os.path.join(self.workdir, f'predictions_{infix}{step}.jsonl')
+    index = split.features['example_index']
+    with tf.io.gfile.GFile(path, 'w') as f:
+      for i, text in zip(index, texts, strict=True):
+        record = dict(split.examples[i], prediction=text)
+        f.write(json.dumps(record, ensure_ascii=False) + '\n')
+
+  def evaluate(self, params, step: int | None = None) -> dict[str, float]:
     """The task's metrics on each held-out split: eval_<metric> (dev),
-    eval_<split>_<metric> (others)."""
+    eval_<split>_<metric> (others). A generative task's texts at `step`
+    are written to the workdir (see _write_predictions)."""
     out = {}
     for name, split in self.eval_splits.items():
       with self.context():
@@ -491,10 +578,14 @@ class Trainer:
           self._p_predict,
           params,
           split.features,
-          keys=self.input_keys,
+          keys=self.predict_keys,
           batch_size=self.eval_batch_size,
           mesh=self.mesh,
         )
+      if self.generator is not None:
+        predictions['texts'] = self.generate(params, split.features)
+        if step is not None and self.is_chief:
+          self._write_predictions(name, step, split, predictions['texts'])
       scores = self.task.evaluate(
         split.examples, split.features, predictions, self.config.task
       )
@@ -579,7 +670,7 @@ class Trainer:
         writer.write(step, logged)
         window, last_time, last_step = [], now, step
       if self._is_due(c.train.eval_every, step) or last:
-        scores = self.evaluate(state.params)
+        scores = self.evaluate(state.params, step)
         writer.write(step, scores, console=False)
         improved = results.add(step, scores, last)
         best = results.content['best']
