@@ -347,6 +347,14 @@ def base_config() -> ml_collections.ConfigDict:
   # ('' : off). Share it between runs; delete it to start afresh.
   c.train.compilation_cache_dir = ''
   c.train.compiler_options = compiler_options_field()
+  # A jax.profiler trace of steps START..START+COUNT-1 ('START:COUNT'; '':
+  # none) into the workdir's TensorBoard directory, from process 0
+  # ('chief') or every process ('all') (pretrain_lm/profiling.py).
+  c.train.profile_steps = ''
+  c.train.profile_hosts = 'chief'
+  # Say so, once, when steps wait for their batches more than this share of
+  # their time (0: never); the share is logged as input_wait_share.
+  c.train.input_bound_share = 0.2
 
   c.mesh = ml_collections.ConfigDict()
   # Mesh axis sizes within a slice; -1 takes all the devices the other axes

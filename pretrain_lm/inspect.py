@@ -3,10 +3,12 @@ r"""What a workdir's checkpoints hold: `python -m pretrain_lm.inspect WORKDIR`.
   python -m pretrain_lm.inspect /tmp/run [--step=N] [--json] [--full_config]
 
 Lists the checkpoints (step, when saved, size on disk, the eval metrics
-logged at that step) and describes one, the latest by default, from what it
-recorded: its config (as a diff against the workdir's config.json, or in
-full), git commit, package versions, mesh, process count, tokenizer hash,
-data stream fingerprint, and the params' names, shapes and dtypes, read from
+logged at that step), sums the run's wall time over its starts into goodput
+and badput by cause (pretrain_lm/goodput.py), and describes one
+checkpoint, the latest by default, from what it recorded: its config (as a
+diff against the workdir's config.json, or in full), git commit, package
+versions, mesh, process count, tokenizer hash, data stream fingerprint,
+and the params' names, shapes and dtypes, read from
 Orbax's metadata without loading an array. Files are read through
 tf.io.gfile and Orbax, so gs:// workdirs work; JAX stays on the CPU.
 In Python: `describe(workdir, step)` returns the same as a dict.
@@ -28,6 +30,7 @@ from absl import logging
 from etils import epath
 
 from pretrain_lm import checkpoint as checkpoint_lib
+from pretrain_lm import goodput
 from pretrain_lm.data import tokenizer as tokenizer_lib
 
 
@@ -173,6 +176,8 @@ def describe(workdir: str, step: int | None = None) -> dict[str, Any]:
     'workdir': workdir,
     'directory': directory,
     'checkpoints': listing,
+    # Wall time over every start of the run, by cause (goodput.summarize).
+    'goodput': goodput.summarize(goodput.read_records(workdir)),
     'step': step,
     'checkpoint': {
       'saved': listing[steps.index(step)]['saved'],
@@ -213,6 +218,8 @@ def format_text(d: dict[str, Any], full_config: bool = False) -> str:
       f'{mark} step {item["step"]:>8}  {item["saved"] or "?":20}  '
       f'{_megabytes(item["bytes"]):>10}  {evals}'.rstrip()
     )
+  if d.get('goodput'):
+    lines += ['', goodput.format_summary(d['goodput'])]
   lines += ['', f'Checkpoint {d["step"]} (saved {c["saved"] or "?"}):']
   if not c['recorded']:
     lines.append(

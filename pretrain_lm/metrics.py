@@ -135,6 +135,7 @@ _CONSOLE = (
   'grad_norm',
   'tokens_per_s',
   'mfu',
+  'goodput',
   'eval_loss',
   'eval_mlm_accuracy',
   'eval_perplexity',

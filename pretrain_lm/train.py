@@ -19,7 +19,15 @@ from flax import linen as nn
 from jax.experimental import multihost_utils
 
 from pretrain_lm import checkpoint as checkpoint_lib
-from pretrain_lm import configlib, distributed, objectives, sharding, validate
+from pretrain_lm import (
+  configlib,
+  distributed,
+  goodput,
+  objectives,
+  profiling,
+  sharding,
+  validate,
+)
 from pretrain_lm import metrics as metrics_lib
 from pretrain_lm.data import fingerprint, pipeline
 from pretrain_lm.data import tokenizer as tokenizer_lib
@@ -599,6 +607,8 @@ class Trainer:
     workdir: str,
     mesh: jax.sharding.Mesh | None = None,
   ):
+    # Wall time by cause from here (goodput.py): startup until the loop.
+    self.goodput = goodput.Accountant()
     self.config = config
     self.workdir = workdir = checkpoint_lib.absolute(workdir)
     use_compilation_cache(config.train.compilation_cache_dir)
@@ -787,9 +797,10 @@ class Trainer:
       rng = jax.random.key(self.config.train.seed)
       # (1) The newest checkpoint that verifies. One that is there but does
       # not restore stops the run: never a fresh start on top of it.
-      restored = self.checkpointer.restore_latest(
-        abstract, on_corrupt=self.config.checkpoint.on_corrupt
-      )
+      with self.goodput.timing('restore'):
+        restored = self.checkpointer.restore_latest(
+          abstract, on_corrupt=self.config.checkpoint.on_corrupt
+        )
       if restored is not None:  # (1)
         _, state, meta = restored
         self._check_resume(meta)
@@ -923,26 +934,56 @@ class Trainer:
     writer = self._open_writer(start)
     stop = StopSignal()
     skips = _SkipGuard(cfg.train.max_consecutive_skips, writer)
+    acct = self.goodput
+    if start and self.is_chief:
+      records = goodput.read_records(self.workdir)
+      acct.lost_steps, acct.lost_seconds = goodput.lost_work(records, start)
+    watch = goodput.InputWatch(cfg.train.input_bound_share, writer.print)
+    profiler = profiling.StepProfiler(
+      cfg.train.profile_steps,
+      cfg.train.profile_hosts,
+      os.path.join(self.workdir, 'tensorboard'),
+    )
+    compiled = set()  # the batch shapes the step has been compiled for
+    acct.end_startup()
 
     # The data stream is opened at the start of each seq-len stage (the
     # first one at `start`); a new row length retraces the step.
     step, pending, window, stage_end = start, None, [], start
     while step < num_steps:
       if step == stage_end:
-        train_iter, stage_end, shapes = self._stage_data(step)
+        with acct.timing('input'):
+          train_iter, stage_end, shapes = self._stage_data(step)
         perf = _Throughput(self, cfg, shapes)
         if step and cfg.data.seq_len_schedule:
           seq_len = shapes['input_ids'].shape[1]
           writer.print(f'Step {step}: rows of {seq_len} tokens from here.')
-      batch = sharding.host_to_global(next(train_iter), self.mesh)
+      began = time.monotonic()
+      host_batch = next(train_iter)
+      batch = sharding.host_to_global(host_batch, self.mesh)
+      waited = time.monotonic() - began
+      acct.add('input', waited)
+      profiler.before(step + 1)
+      shape = tuple(sorted((k, v.shape) for k, v in host_batch.items()))
+      compiling = shape not in compiled
+      dispatched = time.monotonic()
       with self.context():
         state, step_metrics = self._p_train_step(state, batch)
+      if compiling:  # tracing and compiling, and the step itself
+        compiled.add(shape)
+        jax.block_until_ready(step_metrics)
+        acct.add('compile', time.monotonic() - dispatched)
       step += 1
+      acct.steps += 1
       # Read step t-1's metrics only after step t is dispatched, so the host
       # never leaves the device idle waiting for a transfer.
       if pending is not None:
         window.append(skips.observe(step - 1, jax.device_get(pending)))
       pending = step_metrics
+      if not compiling:
+        watch.add(step, waited, time.monotonic() - began)
+      with acct.timing('profile'):
+        profiler.after(step, (state, step_metrics))
       writer.advance()
 
       last = step == num_steps
@@ -959,13 +1000,23 @@ class Trainer:
         )
         # A prepared mixture's share so far, per corpus.
         shares = pipeline.tokens_per_source(cfg, step - self.data_start_step)
+        waiting = watch.share()
+        input_share = {} if waiting is None else {'input_wait_share': waiting}
         writer.write(
-          step, {**perf.summarize(window, step), **skipped, **shares}
+          step,
+          {
+            **perf.summarize(window, step),
+            **skipped,
+            **shares,
+            **input_share,
+            **acct.record(),
+          },
         )
         window = []
       evaluated = None  # this step's eval metrics, if it has them
       if step % cfg.train.eval_every == 0 or last:
-        evaluated = self.evaluate(state.params, eval_data)
+        with acct.timing('eval'):
+          evaluated = self.evaluate(state.params, eval_data)
         writer.write(step, evaluated)
       signalled = stop.requested()
       exiting = (
@@ -977,9 +1028,10 @@ class Trainer:
       # an evaluated state is saved too (retention drops the others).
       best_due = cfg.checkpoint.keep_best and evaluated is not None
       if step % cfg.checkpoint.every == 0 or last or exiting or best_due:
-        self.checkpointer.save(
-          step, state, self.checkpoint_meta(state), metrics=evaluated
-        )
+        with acct.timing('checkpoint'):
+          self.checkpointer.save(
+            step, state, self.checkpoint_meta(state), metrics=evaluated
+          )
       if skips.exhausted:
         unlogged = perf.summarize(window, step) if window else None
         self._stop_nonfinite(writer, step, skips, unlogged)
@@ -992,15 +1044,19 @@ class Trainer:
         )
         break
 
+    profiler.close()
     self._finish(writer, stop, step)
     return state
 
   def _finish(self, writer, stop, step: int) -> None:
     """Waits for the last save, then closes what the run opened."""
-    self.checkpointer.wait()
+    with self.goodput.timing('checkpoint'):
+      self.checkpointer.wait()
     self.checkpointer.close()
     stop.restore()
     writer.print(f'Checkpoint: {self.checkpointer.directory}/{step}')
+    # This start's final account (the steps since the last log included).
+    writer.write(step, self.goodput.record(), console=False)
     writer.close()
 
 

@@ -15,7 +15,7 @@ from typing import Any
 import jax
 import ml_collections
 
-from pretrain_lm import configlib, sharding
+from pretrain_lm import configlib, profiling, sharding
 from pretrain_lm.models import MODELS, ModelConfig
 from pretrain_lm.models import config as model_config_lib
 
@@ -64,6 +64,7 @@ _RANGES = (
   ('data.shuffle_buffer', 1, math.inf, '[)'),
   ('data.tokenizer_max_docs', 1, math.inf, '[)'),
   ('data.max_doc_bytes', 1, math.inf, '[)'),
+  ('train.input_bound_share', 0, 1, '[]'),
 )
 
 
@@ -294,6 +295,11 @@ def check_config(config: ml_collections.ConfigDict) -> None:
   _require(d.seq_len > 0, f'data.seq_len={d.seq_len} must be > 0.')
   _require(d.batch_size > 0, f'data.batch_size={d.batch_size} must be > 0.')
   _require(t.num_steps > 0, f'train.num_steps={t.num_steps} must be > 0.')
+  profiling.parse_steps(t.profile_steps)
+  _require(
+    t.profile_hosts in profiling.HOSTS,
+    f'train.profile_hosts={t.profile_hosts!r} is not one of {profiling.HOSTS}.',
+  )
   check_grad_accum(t.grad_accum_steps, d.batch_size)
   _require(
     t.cpu_microbatch_tokens >= 0,
