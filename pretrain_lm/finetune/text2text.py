@@ -54,6 +54,7 @@ WIKITEXT_FILES = {'train': 'valid.txt', 'dev': 'test.txt'}
 # ' = Title = ' starts an article, ' = = Title = = ' a section and
 # ' = = = Title = = = ' a subsection.
 _HEADING = re.compile(r'^ (=(?: =)*) (.+?) \1 $')
+_UNK = '<unk>'  # WikiText's stand-in for a word out of its vocabulary
 
 
 def head(task_config) -> str:
@@ -148,7 +149,9 @@ def heading_examples(path: str) -> list[dict]:
 
   A section is a ' = = Title = = ' line, or a subsection's ' = = = Title
   = = = ', up to the next heading; a section whose next heading comes
-  before any paragraph (a subsection's, or the next article's) is left out.
+  before any paragraph (a subsection's, or the next article's) is left out,
+  and so is a heading with '<unk>' in it: it stands for any rare word, which
+  no paragraph can name (and ROUGE's tokenizer would score it as 'unk').
   """
   with tf.io.gfile.GFile(path, 'r') as f:
     lines = [line.rstrip('\n') for line in f]
@@ -159,6 +162,8 @@ def heading_examples(path: str) -> list[dict]:
       # Article titles (level 1) are left out: a lead paragraph names its
       # own title in its first words.
       title = match.group(2) if match.group(1) != '=' else None
+      if title is not None and _UNK in title:
+        title = None
       continue
     if title is not None and line.strip():
       examples.append({'input': line.strip(), 'target': title})
