@@ -355,6 +355,10 @@ def base_config() -> ml_collections.ConfigDict:
   # Say so, once, when steps wait for their batches more than this share of
   # their time (0: never); the share is logged as input_wait_share.
   c.train.input_bound_share = 0.2
+  # Also log to this Weights & Biases project ('': off), as the run named
+  # after the workdir; restarts continue the same W&B run.
+  c.train.wandb_project = ''
+  c.train.wandb_entity = ''
 
   c.mesh = ml_collections.ConfigDict()
   # Mesh axis sizes within a slice; -1 takes all the devices the other axes

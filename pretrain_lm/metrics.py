@@ -1,12 +1,18 @@
-"""Metric output (TensorBoard, metrics.jsonl, console) and MFU accounting.
+"""Metric output (TensorBoard, metrics.jsonl, console, Weights & Biases) and
+MFU accounting.
 
 Only process 0 writes; other processes get a writer that drops everything.
+Weights & Biases receives the same scalars when train.wandb_project is set
+(`WANDB_MODE=offline`, then `wandb sync`, where the hosts have no
+internet). A restarted run logs to the same W&B run: its id is kept in the
+workdir.
 """
 
 import json
 import math
 import os
 import sys
+import uuid
 from typing import Any
 
 import jax
@@ -50,11 +56,17 @@ class MetricWriter:
     initial_step: int,
     enabled: bool,
     progress_bar: bool = True,
+    wandb_project: str = '',
+    wandb_entity: str = '',
+    config: dict | None = None,
   ):
     self.enabled = enabled
     self._bar = None
+    self._wandb = None
     if not enabled:
       return
+    if wandb_project:
+      self._wandb = _open_wandb(workdir, wandb_project, wandb_entity, config)
     # Imported here: the peaks and MFU helpers above serve code that runs
     # where only JAX is installed (the bench's decode and matmul timings).
     import tensorflow as tf  # noqa: PLC0415
@@ -94,6 +106,9 @@ class MetricWriter:
     self._tb.flush()
     self._jsonl.write(json.dumps({'step': step, **clean}) + '\n')
     self._jsonl.flush()
+    if self._wandb is not None:
+      logged = {k: v for k, v in clean.items() if v is not None}
+      self._wandb.log(logged, step=step)
     if not console:
       return
     if self._bar is not None and clean.get('loss') is not None:
@@ -125,6 +140,43 @@ class MetricWriter:
       self._bar.close()
     self._jsonl.close()
     self._tb.close()
+    if self._wandb is not None:
+      self._wandb.finish()
+
+
+WANDB_ID_FILE = 'wandb_run_id'
+
+
+def _open_wandb(workdir: str, project: str, entity: str, config: dict | None):
+  """The workdir's W&B run: created on the first start, resumed after."""
+  try:
+    import wandb  # noqa: PLC0415 - optional: only runs that log to W&B
+  except ImportError as e:
+    raise ImportError(
+      f'train.wandb_project={project!r} needs the wandb package '
+      "(pip install wandb), or set train.wandb_project=''."
+    ) from e
+  import tensorflow as tf  # noqa: PLC0415
+
+  path = os.path.join(workdir, WANDB_ID_FILE)
+  if tf.io.gfile.exists(path):
+    with tf.io.gfile.GFile(path) as f:
+      run_id = f.read().strip()
+  else:
+    run_id = uuid.uuid4().hex[:12]
+    with tf.io.gfile.GFile(path, 'w') as f:
+      f.write(run_id)
+  # W&B's local files go to a local directory even for a gs:// workdir.
+  local = workdir if '://' not in workdir else None
+  return wandb.init(
+    project=project,
+    entity=entity or None,
+    name=os.path.basename(workdir.rstrip('/')),
+    id=run_id,
+    resume='allow',
+    config=config,
+    dir=local,
+  )
 
 
 _CONSOLE = (

@@ -896,6 +896,9 @@ class Trainer:
       initial_step=start,
       enabled=self.is_chief,
       progress_bar=self.config.train.progress_bar,
+      wandb_project=self.config.train.wandb_project,
+      wandb_entity=self.config.train.wandb_entity,
+      config=self.config.to_dict(),
     )
     if start:
       writer.print(
