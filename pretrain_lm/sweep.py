@@ -16,9 +16,9 @@ Run it (from the repository root):
 
   python -m pretrain_lm.sweep experiments/sweeps/bert_lr.py \
       --base=configs/bert.py:size=small --workdir_root=gs://bucket/bert_lr \
-      [--dry_run] [--launcher=local|tpu_pod|slurm] [--parallel=N] \
-      [--launcher_args='--tpu=my-v4 --zone=us-central2-b'] \
-      [--config.train.num_steps=100000 ...]
+      [--dry_run] [--launcher=local|tpu_pod|slurm|TEMPLATE|FILE] \
+      [--parallel=N] [--launcher_args='--tpu=my-v4 --zone=us-central2-b'] \
+      [--tpus=a,b,c] [--config.train.num_steps=100000 ...]
 
 Every override of every run is checked against the base config (field names,
 types, `pretrain_lm.validate`) before anything starts. Each run gets the
@@ -28,9 +28,23 @@ sweep file apply to every run and stay out of the names. Runs whose workdir
 already reached `train.num_steps` are skipped, so rerunning the same command
 resumes an interrupted sweep. `--launcher=local` runs
 `python -m pretrain_lm.main` here, `--parallel` at a time; `tpu_pod` runs
-`launch/tpu_pod.sh run` once per run, one after the other on the same slice;
-`slurm` submits `launch/slurm.sbatch` once per run. `WORKDIR_ROOT/sweep.json`
-lists the runs.
+`launch/tpu_pod.sh run` once per run, one after the other on the same slice,
+or with `--tpus=a,b,c` on whichever of those slices is free; `slurm` submits
+`launch/slurm.sbatch` once per run. Any other scheduler (GKE/XPK, ...) takes
+a command template, given inline or as a file holding it:
+
+  --launcher='xpk workload create --cluster=C --workload={job} \
+      --tpu-type=v5p-32 --command="{command}"'
+
+with the placeholders {name} (the run's name), {job} (the name in lowercase
+letters, digits and '-', at most 39 characters, for Kubernetes), {workdir},
+{command} (`python -m pretrain_lm.main` and the run's flags, as one command
+line) and {args} (the flags alone); `{{` and `}}` are literal braces. Each
+value is shell-quoted for where it stands: unquoted it is one word ({args}:
+one per flag); inside '...' or "..." it is quoted for the shell that later
+runs the quoted text, so paths with spaces or quotes reach the run intact.
+The rendered line runs in `sh`, `--parallel` at a time.
+`WORKDIR_ROOT/sweep.json` lists the runs.
 
   python -m pretrain_lm.sweep --summarize WORKDIR_ROOT [--format=csv]
 
@@ -62,6 +76,8 @@ import ml_collections
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SWEEP_FILE = 'sweep.json'
 LAUNCHERS = ('local', 'tpu_pod', 'slurm')
+# What a --launcher template may name; see the module docstring.
+PLACEHOLDERS = ('name', 'job', 'workdir', 'command', 'args')
 # pretrain_lm.train.EXIT_RESUME: stopped by a signal, checkpoint saved.
 EXIT_RESUME = 75
 # Longer names are cut and end in a hash of the overrides.
@@ -291,12 +307,147 @@ def is_finished(workdir: str, num_steps: int) -> bool:
 # Running.
 
 
+# Launcher templates.
+
+
+def load_template(launcher: str) -> str | None:
+  """The command template --launcher names, or None for a built-in launcher.
+
+  Raises SweepError for a value that is neither, or a template that names an
+  unknown placeholder, has unbalanced quotes or passes no flags to the run.
+  """
+  if launcher in LAUNCHERS:
+    return None
+  if os.path.isfile(launcher):
+    with open(launcher) as f:
+      lines = [ln for ln in f.read().splitlines() if not ln.startswith('#')]
+    template = '\n'.join(lines).strip()
+  elif '{' in launcher:
+    template = launcher
+  else:
+    raise SweepError(
+      f'--launcher={launcher!r}: not one of {list(LAUNCHERS)}, a file, or a '
+      f'command template with placeholders {{{"}, {".join(PLACEHOLDERS)}}}.'
+    )
+  fields = _template_fields(template)
+  if not {'command', 'args'} & set(fields):
+    raise SweepError(
+      f'--launcher template {template!r} passes no flags to the run: it '
+      'needs {command} or {args}.'
+    )
+  return template
+
+
+def job_name(name: str) -> str:
+  """A run name as Kubernetes names jobs: [a-z0-9-], a letter first, <= 39."""
+  slug = re.sub(r'[^a-z0-9]+', '-', name.lower()).strip('-')
+  if not slug[:1].isalpha():
+    slug = f'r-{slug}'.rstrip('-')
+  digest = hashlib.sha1(name.encode()).hexdigest()[:6]
+  return f'{slug[:32].rstrip("-")}-{digest}'
+
+
+def _template_parts(template: str):
+  """Yields (literal text, None) and (field, quote context) pieces.
+
+  The context is '' outside quotes, "'" or '"' inside them, as a POSIX shell
+  reads the template.
+  """
+  quote, i, text = '', 0, []
+  while i < len(template):
+    c = template[i]
+    pair = template[i : i + 2]
+    if pair in ('{{', '}}'):
+      text.append(c)
+      i += 2
+      continue
+    if c == '{':
+      end = template.find('}', i)
+      if end < 0:
+        raise SweepError(f'--launcher template: unclosed {{ in {template!r}.')
+      yield ''.join(text), None
+      text = []
+      yield template[i + 1 : end], quote
+      i = end + 1
+      continue
+    if c == '}':
+      raise SweepError(
+        f"--launcher template: single '}}' in {template!r} (write '}}}}')."
+      )
+    if c == '\\' and quote != "'":
+      text.append(template[i : i + 2])
+      i += 2
+      continue
+    if c in '\'"' and quote in ('', c):
+      quote = '' if quote else c
+    text.append(c)
+    i += 1
+  if quote:
+    raise SweepError(f'--launcher template: unclosed {quote} in {template!r}.')
+  yield ''.join(text), None
+
+
+def _template_fields(template: str) -> list[str]:
+  fields = [f for f, q in _template_parts(template) if q is not None]
+  unknown = sorted(set(fields) - set(PLACEHOLDERS))
+  if unknown:
+    raise SweepError(
+      f'--launcher template names {unknown}; placeholders: '
+      f'{", ".join("{" + p + "}" for p in PLACEHOLDERS)}.'
+    )
+  return fields
+
+
+def render_template(template: str, values: dict[str, Any]) -> str:
+  """The template with each placeholder quoted for where it stands.
+
+  `values` maps a placeholder to a string (one word) or, for 'command' and
+  'args', to an argv list. Outside quotes a value becomes shell words;
+  inside quotes, the text a shell given the quoted string will read back as
+  those words.
+  """
+  out = []
+  for part, quote in _template_parts(template):
+    if quote is None:
+      out.append(part)
+      continue
+    value = values[part]
+    if part == 'command':
+      line = shlex.join(value)
+      words = shlex.quote(line)  # one word: the whole command line
+    elif part == 'args':
+      line = words = shlex.join(value)
+    else:
+      line = words = shlex.quote(value)
+    if quote == "'":
+      out.append(line.replace("'", "'\\''"))
+    elif quote == '"':
+      out.append(re.sub(r'([\\"$`])', r'\\\1', line))
+    else:
+      out.append(words)
+  return ''.join(out)
+
+
 def _launch_command(
   launcher: str,
   argv: list[str],
   name: str,
   launcher_args: list[str],
-) -> list[str]:
+  template: str | None = None,
+) -> list[str] | str:
+  """The argv (built-in launchers) or shell line (a template) of one run."""
+  if template is not None:
+    workdir = next(a for a in argv if a.startswith('--workdir='))
+    return render_template(
+      template,
+      dict(
+        name=name,
+        job=job_name(name),
+        workdir=workdir.split('=', 1)[1],
+        command=['python', '-m', 'pretrain_lm.main', *argv],
+        args=argv,
+      ),
+    )
   if launcher == 'local':
     return [sys.executable, '-m', 'pretrain_lm.main', *argv]
   if launcher == 'tpu_pod':
@@ -306,34 +457,55 @@ def _launch_command(
   return ['sbatch', f'--job-name={name}', *launcher_args, script, *argv]
 
 
+Command = list[str] | str  # an argv, or a line for the shell
+
+
+def _show(cmd: Command) -> str:
+  return cmd if isinstance(cmd, str) else shlex.join(cmd)
+
+
 def _run_all(
-  commands: list[tuple[str, list[str]]], parallel: int, log_root: str
+  commands: list[tuple[str, Any]],
+  slots: Sequence[str | None],
+  log_root: str,
 ) -> dict[str, int]:
-  """Runs the commands, `parallel` at a time; returns each one's exit code."""
+  """Runs each command on a free slot; returns each one's exit code.
+
+  `commands` holds (name, build): build(slot) is the command to run there.
+  Slots are TPU slices, or len(slots) = --parallel anonymous ones (None).
+  """
   pending, running, codes = list(commands), {}, {}
+  free = list(slots)
   try:
     while pending or running:
-      while pending and len(running) < parallel:
-        name, cmd = pending.pop(0)
+      while pending and free:
+        slot = free.pop(0)
+        name, build = pending.pop(0)
+        cmd = build(slot)
+        where = f' on {slot}' if slot else ''
         log = None
         # With several at once their consoles would interleave: each
         # writes its own log file instead.
-        if parallel > 1:
+        if len(slots) > 1:
           log_path = os.path.join(log_root, f'{name}.log')
           log = open(log_path, 'a')  # noqa: SIM115 - closed when it ends
-          print(f'[start] {name} (log: {log_path})', flush=True)
+          print(f'[start] {name}{where} (log: {log_path})', flush=True)
         else:
-          print(f'[start] {name}: {shlex.join(cmd)}', flush=True)
+          print(f'[start] {name}{where}: {_show(cmd)}', flush=True)
         proc = subprocess.Popen(
-          cmd, stdout=log, stderr=subprocess.STDOUT if log else None
+          cmd,
+          shell=isinstance(cmd, str),
+          stdout=log,
+          stderr=subprocess.STDOUT if log else None,
         )
-        running[name] = (proc, log, time.monotonic())
-      for name, (proc, log, start) in list(running.items()):
+        running[name] = (proc, log, time.monotonic(), slot)
+      for name, (proc, log, start, slot) in list(running.items()):
         if proc.poll() is None:
           continue
         if log:
           log.close()
         codes[name] = proc.returncode
+        free.append(slot)
         del running[name]
         print(
           f'[exit {proc.returncode}] {name} ({time.monotonic() - start:.0f} s)',
@@ -343,7 +515,7 @@ def _run_all(
   except KeyboardInterrupt:
     # Ctrl-C reached the runs too: let them save their checkpoints.
     print('Interrupted: waiting for the running runs to save.', flush=True)
-    for name, (proc, _, _) in running.items():
+    for name, (proc, _, _, _) in running.items():
       codes[name] = proc.wait()
     for name, _ in pending:
       codes[name] = EXIT_RESUME
@@ -375,13 +547,24 @@ def run_sweep(
   launcher: str = 'local',
   parallel: int = 1,
   launcher_args: Sequence[str] = (),
+  tpus: Sequence[str] = (),
   dry_run: bool = False,
 ) -> int:
   """Expands, validates and runs (or prints) a sweep; returns an exit code."""
-  if launcher not in LAUNCHERS:
-    raise SweepError(f'--launcher={launcher!r}; valid: {list(LAUNCHERS)}.')
+  template = load_template(launcher)
   if parallel < 1:
     raise SweepError(f'--parallel={parallel} must be >= 1.')
+  if template is not None and launcher_args:
+    raise SweepError(
+      '--launcher_args is for the built-in launchers: put those flags in '
+      'the --launcher template.'
+    )
+  if tpus and launcher != 'tpu_pod':
+    raise SweepError(f'--tpus needs --launcher=tpu_pod, not {launcher!r}.')
+  if tpus and any(a.startswith('--tpu=') for a in launcher_args):
+    raise SweepError('--tpus and --launcher_args=--tpu=...: give one of them.')
+  if len(set(tpus)) < len(tpus):
+    raise SweepError(f'--tpus={",".join(tpus)} names a slice twice.')
   bad = [a for a in fixed if not a.startswith('--config.')]
   if bad:
     raise SweepError(f'Unexpected arguments {bad}: only --config.x=y.')
@@ -403,7 +586,7 @@ def run_sweep(
   if errors:
     raise SweepError('Invalid runs, nothing started:\n' + '\n'.join(errors))
 
-  records, commands = [], []
+  records, commands, planned = [], [], 0
   for name, overrides, config in builtins.zip(
     names, runs, configs, strict=True
   ):
@@ -414,17 +597,27 @@ def run_sweep(
       *fixed,
       *override_flags(overrides),
     ]
-    cmd = _launch_command(launcher, argv, name, list(launcher_args))
+
+    def build(slot, argv=argv, name=name):
+      extra = [f'--tpu={slot}'] if slot else []
+      return _launch_command(
+        launcher, argv, name, [*launcher_args, *extra], template
+      )
+
+    # With --tpus the slice is the first free one; sweep.json lists them.
     records.append(
-      dict(name=name, workdir=workdir, overrides=overrides, command=cmd)
+      dict(name=name, workdir=workdir, overrides=overrides, command=build(None))
     )
     step = completed_step(workdir, dry_run=dry_run)
     if step is not None and step >= config.train.num_steps:
       print(f'[skip] {name}: finished (step {step})', flush=True)
     elif dry_run:
-      print(shlex.join(cmd), flush=True)
+      # The slices in turn here; a real sweep takes whichever is free.
+      slot = tpus[planned % len(tpus)] if tpus else None
+      planned += 1
+      print(_show(build(slot)), flush=True)
     else:
-      commands.append((name, cmd))
+      commands.append((name, build))
   if dry_run:
     return 0
   _write_sweep_json(
@@ -434,6 +627,7 @@ def run_sweep(
       base=base,
       fixed=list(fixed),
       launcher=launcher,
+      **(dict(tpus=list(tpus)) if tpus else {}),
       runs=records,
     ),
   )
@@ -443,10 +637,14 @@ def run_sweep(
   else:
     log_root = workdir_root
   # One slice runs one job at a time; sbatch only queues them.
-  if launcher != 'local' and parallel > 1:
-    print(f'--parallel={parallel} ignored: {launcher} runs one at a time.')
+  if launcher in ('tpu_pod', 'slurm') and parallel > 1:
+    print(
+      f'--parallel={parallel} ignored: {launcher} runs one at a time'
+      + (' per slice of --tpus.' if tpus else '.')
+    )
     parallel = 1
-  codes = _run_all(commands, parallel, log_root)
+  slots = list(tpus) if tpus else [None] * parallel
+  codes = _run_all(commands, slots, log_root)
   failed = {n: c for n, c in codes.items() if c}
   print(
     f'{len(runs)} runs: {len(runs) - len(commands)} already finished, '
@@ -546,12 +744,21 @@ def main(argv: Sequence[str] | None = None) -> int:
   parser.add_argument('sweep_file', nargs='?', help='experiments/sweeps/*.py')
   parser.add_argument('--base', help='base config, configs/bert.py:size=small')
   parser.add_argument('--workdir_root', help='runs go to WORKDIR_ROOT/NAME')
-  parser.add_argument('--launcher', default='local', choices=LAUNCHERS)
+  parser.add_argument(
+    '--launcher',
+    default='local',
+    help=f'{"|".join(LAUNCHERS)}, a command template or a file with one',
+  )
   parser.add_argument('--parallel', type=int, default=1)
   parser.add_argument(
     '--launcher_args',
     default='',
     help="flags for the launcher script, e.g. '--tpu=t --zone=z'",
+  )
+  parser.add_argument(
+    '--tpus',
+    default='',
+    help='tpu_pod: slices to spread the runs over, a,b,c (one run each)',
   )
   parser.add_argument('--dry_run', action='store_true')
   parser.add_argument('--summarize', metavar='WORKDIR_ROOT')
@@ -573,6 +780,7 @@ def main(argv: Sequence[str] | None = None) -> int:
       launcher=args.launcher,
       parallel=args.parallel,
       launcher_args=shlex.split(args.launcher_args),
+      tpus=[t for t in args.tpus.split(',') if t],
       dry_run=args.dry_run,
     )
   except (SweepError, FileNotFoundError) as e:

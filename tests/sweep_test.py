@@ -402,3 +402,167 @@ def test_summarize_missing_directory_is_a_message(tmp_path, capsys):
   err = capsys.readouterr().err
   assert err.startswith(f'error: {missing} is not a directory')
   assert 'Traceback' not in err
+
+
+# A scheduler's stand-in: records its argv, one JSON file per call.
+FAKE_SCHEDULER = """#!/usr/bin/env python3
+import json, os, sys, uuid
+out = os.environ['SCHEDULER_OUT']
+with open(os.path.join(out, uuid.uuid4().hex + '.json'), 'w') as f:
+  json.dump(sys.argv[1:], f)
+"""
+
+
+def test_sweep_through_a_launcher_template(tmp_path, capsys, monkeypatch):
+  scheduler = tmp_path / 'xpk'
+  scheduler.write_text(FAKE_SCHEDULER)
+  scheduler.chmod(0o755)
+  calls = tmp_path / 'calls'
+  calls.mkdir()
+  monkeypatch.setenv('SCHEDULER_OUT', str(calls))
+  # A root a shell would split or end early, were it not quoted.
+  root = str(tmp_path / 'it\'s a "root" $HOME')
+  template = (
+    f'{scheduler} workload create --workload={{job}} --label={{name}} '
+    '--command="{command}"'
+  )
+  argv = [
+    TINY_SWEEP,
+    '--base=configs/bert.py:size=tiny',
+    f'--workdir_root={root}',
+    f'--launcher={template}',
+    '--config.train.num_steps=7',
+  ]
+  assert sweep.main(argv) == 0
+  assert (
+    '2 runs: 0 already finished, 2 ran, 0 failed.' in capsys.readouterr().out
+  )
+  got = []
+  for path in calls.iterdir():
+    args = json.loads(path.read_text())
+    assert args[:2] == ['workload', 'create']
+    flags = dict(a[2:].split('=', 1) for a in args[2:])
+    got.append(
+      (flags['label'], flags['workload'], shlex.split(flags['command']))
+    )
+  names = [
+    'learning_rate=0.001-warmup_steps=10',
+    'learning_rate=0.003-warmup_steps=20',
+  ]
+  assert sorted(got) == [
+    (
+      name,
+      sweep.job_name(name),
+      [
+        'python',
+        '-m',
+        'pretrain_lm.main',
+        '--config=configs/bert.py:size=tiny',
+        f'--workdir={root}/{name}',
+        '--config.train.num_steps=7',
+        f'--config.optimizer.learning_rate={name[14:19]}',
+        f'--config.optimizer.warmup_steps={name[-2:]}',
+      ],
+    )
+    for name in names
+  ]
+  assert re.fullmatch(r'[a-z][a-z0-9-]{0,38}', got[0][1])
+  with open(os.path.join(root, sweep.SWEEP_FILE)) as f:
+    record = json.load(f)
+  assert record['launcher'] == template
+
+  # A template from a file; {args} unquoted are the flags as words.
+  path = tmp_path / 'launcher.sh'
+  path.write_text('# sbatch-like\nsubmit --name={name} -- run.sh {args}\n')
+  argv[3] = f'--launcher={path}'
+  assert sweep.main([*argv, '--dry_run']) == 0
+  lines = capsys.readouterr().out.splitlines()
+  words = shlex.split(lines[0])
+  assert words[:4] == ['submit', f'--name={names[0]}', '--', 'run.sh']
+  assert words[4:6] == [
+    '--config=configs/bert.py:size=tiny',
+    f'--workdir={root}/{names[0]}',
+  ]
+
+
+@pytest.mark.parametrize(
+  'launcher, message',
+  [
+    ('kubectl', "not one of ['local', 'tpu_pod', 'slurm'], a file"),
+    ('submit {nme} {command}', "names ['nme']"),
+    ('submit --name={name}', 'needs {command} or {args}'),
+    ('submit "{command}', 'unclosed "'),
+  ],
+)
+def test_bad_launcher_template_is_a_message(
+  tmp_path, capsys, launcher, message
+):
+  code = sweep.main(
+    [
+      TINY_SWEEP,
+      '--base=configs/bert.py:size=tiny',
+      f'--workdir_root={tmp_path}',
+      f'--launcher={launcher}',
+      '--dry_run',
+    ]
+  )
+  assert code == 2
+  assert message in capsys.readouterr().err
+
+
+# launch/tpu_pod.sh's stand-in: one job per slice at a time, or it fails.
+FAKE_TPU_POD = """#!/usr/bin/env bash
+for a in "$@"; do case "$a" in --tpu=*) tpu="${a#--tpu=}" ;; esac; done
+lock="$OUT/$tpu.lock"
+[ -e "$lock" ] && exit 3
+touch "$lock"
+echo "$tpu" >> "$OUT/used"
+sleep 0.5
+rm "$lock"
+"""
+
+
+def test_sweep_spread_over_two_tpu_slices(tmp_path, capsys, monkeypatch):
+  fake_repo = tmp_path / 'repo'
+  (fake_repo / 'launch').mkdir(parents=True)
+  script = fake_repo / 'launch' / 'tpu_pod.sh'
+  script.write_text(FAKE_TPU_POD)
+  script.chmod(0o755)
+  monkeypatch.setattr(sweep, 'REPO', str(fake_repo))
+  monkeypatch.setenv('OUT', str(tmp_path))
+  argv = [
+    write_sweep(tmp_path, "sweep.choice('train.seed', [1, 2, 3])"),
+    '--base=configs/bert.py:size=tiny',
+    f'--workdir_root={tmp_path / "root"}',
+    '--launcher=tpu_pod',
+    '--launcher_args=--zone=us-central2-b',
+    '--tpus=slice-a,slice-b',
+  ]
+  # A dry run gives the slices in turn.
+  assert sweep.main([*argv, '--dry_run']) == 0
+  lines = capsys.readouterr().out.splitlines()
+  assert [shlex.split(line)[1:4] for line in lines] == [
+    ['run', '--zone=us-central2-b', f'--tpu={t}']
+    for t in ('slice-a', 'slice-b', 'slice-a')
+  ]
+  assert sweep.main(argv) == 0
+  out = capsys.readouterr().out
+  assert '3 runs: 0 already finished, 3 ran, 0 failed.' in out
+  assert '[start] seed=1 on slice-a' in out
+  assert '[start] seed=2 on slice-b' in out
+  # Both slices worked, one run at a time each (the fake fails otherwise).
+  used = (tmp_path / 'used').read_text().split()
+  assert sorted(used) == ['slice-a', 'slice-a', 'slice-b'] or sorted(used) == [
+    'slice-a',
+    'slice-b',
+    'slice-b',
+  ]
+  with open(tmp_path / 'root' / sweep.SWEEP_FILE) as f:
+    assert json.load(f)['tpus'] == ['slice-a', 'slice-b']
+  with pytest.raises(sweep.SweepError, match='--tpus needs --launcher=tpu_pod'):
+    sweep.run_sweep(
+      argv[0],
+      base='configs/bert.py:size=tiny',
+      workdir_root=str(tmp_path),
+      tpus=['a', 'b'],
+    )
