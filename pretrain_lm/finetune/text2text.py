@@ -1,4 +1,4 @@
-"""Text-to-text generation: input/target pairs, teacher-forced, scored decoded.
+"""Text-to-text generation: teacher-forced training, evaluation by decoding.
 
 Decoders (GPT) and encoder-decoders (T5, BART) learn to write each
 example's target after its input with the body's own language-model head
@@ -28,9 +28,9 @@ empty data_dir builds the bundled default: WikiText-2 section headings from
 their section's first paragraph (`heading_examples`).
 
 Task config fields: data_dir, metric (rouge1, rouge2, rougeL, bleu,
-exact_match, f1; 'rouge' is rougeL), seq_len (the input row), target_len
-(target tokens with the closing [SEP]), max_new_tokens, num_beams,
-length_penalty.
+exact_match, f1; 'rouge' is rougeL), seq_len (an encoder's input row, a
+decoder's whole row), target_len (target tokens with the closing [SEP]),
+max_new_tokens, num_beams, length_penalty.
 """
 
 import json
