@@ -37,8 +37,10 @@ so this module's tests share one server.
 """
 
 import json
+import os
 import re
 import select
+import signal
 import socket
 import socketserver
 import ssl
@@ -341,3 +343,162 @@ def test_checkpoints_save_retain_restore_and_verify_in_gcs(gcs):
     f.write(bytes(data))
   with pytest.raises(ckpt.CorruptCheckpointError, match='step 2'):
     ckpt.Checkpointer(directory, keep=1).restore_latest(abstract)
+
+
+# --- A run with a gs:// workdir.
+
+
+def _run_main(workdir: str, overrides: dict, background: bool = False):
+  """`python -m pretrain_lm.main` on configs/bert.py:size=tiny."""
+  from conftest import REPO
+
+  cmd = [
+    sys.executable,
+    '-m',
+    'pretrain_lm.main',
+    f'--config={os.path.join(REPO, "configs", "bert.py")}:size=tiny',
+    f'--workdir={workdir}',
+    *(f'--config.{k}={v}' for k, v in overrides.items()),
+  ]
+  # The emulator's variables are in os.environ (the fixture's); the rerun
+  # reads the first run's compiles back from the persistent cache.
+  env = dict(
+    os.environ,
+    XLA_FLAGS='',
+    JAX_PLATFORMS='cpu',
+    JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS='0',
+  )
+  proc = subprocess.Popen(
+    cmd,
+    cwd=REPO,
+    env=env,
+    stdout=subprocess.PIPE,
+    stderr=subprocess.STDOUT,
+    text=True,
+  )
+  if background:
+    return proc
+  out, _ = proc.communicate(timeout=600)
+  return proc.returncode, out
+
+
+def test_run_in_a_gcs_workdir_is_preempted_and_resumes(gcs, tokenizer_path):
+  """SIGTERM mid-run saves to the bucket and exits 75; the same command
+  resumes from the bucket's checkpoint; metrics.jsonl holds both runs'
+  steps and TensorBoard's events are there."""
+  import json
+
+  import tensorflow as tf
+
+  from pretrain_lm import train
+
+  workdir = f'gs://{BUCKET}/run'
+  overrides = {
+    'data.tokenizer': tokenizer_path,
+    'model.vocab_size': 512,
+    'data.seq_len': 32,
+    'data.batch_size': 8,
+    'data.eval_batches': 1,
+    'train.num_steps': 100_000,
+    'train.log_every': 1,
+    'train.eval_every': 100_000,
+    'checkpoint.every': 100_000,
+    'train.progress_bar': False,
+  }
+  metrics = f'{workdir}/metrics.jsonl'
+  proc = _run_main(workdir, overrides, background=True)
+  deadline = time.time() + 300
+  while time.time() < deadline and proc.poll() is None:
+    if tf.io.gfile.exists(metrics) and tf.io.gfile.stat(metrics).length:
+      break
+    time.sleep(0.5)
+  proc.send_signal(signal.SIGTERM)
+  out, _ = proc.communicate(timeout=300)
+  assert proc.returncode == train.EXIT_RESUME == 75, out
+  steps = tf.io.gfile.listdir(f'{workdir}/checkpoints')
+  steps = [s.rstrip('/') for s in steps]
+  assert len(steps) == 1 and int(steps[0]) > 0, steps
+  saved = int(steps[0])
+
+  code, out = _run_main(
+    workdir, {**overrides, 'train.exit_interval': saved + 1}
+  )
+  assert code == 0, out
+  assert f'Resumed from {workdir}/checkpoints at step {saved}' in out, out
+  with tf.io.gfile.GFile(metrics) as f:
+    logged = [json.loads(line) for line in f]
+  train_steps = [m['step'] for m in logged if 'loss' in m]
+  assert train_steps[-1] == saved + 1 and saved in train_steps, logged
+  events = tf.io.gfile.glob(f'{workdir}/tensorboard/events.out.tfevents.*')
+  assert len(events) >= 2, events  # one file per run
+
+
+# --- A prepared corpus.
+
+
+def test_prepared_corpus_written_to_gcs_reads_the_local_batches(
+  gcs, tokenizer_path, tmp_path
+):
+  """`prepare` (Beam, in memory) writes the same shards and manifest to the
+  bucket as to a local directory, and training and eval batches read from
+  the bucket (ArrayRecord's GCS reader; every shard's SHA-256 checked) are
+  the local ones."""
+  import numpy as np
+  import tensorflow as tf
+  from conftest import load_config
+
+  from pretrain_lm import configlib
+  from pretrain_lm.data import pipeline, prepare, records
+  from pretrain_lm.data import tokenizer as tokenizer_lib
+
+  wiki = os.path.join(configlib.CORPUS_DIR, 'wikitext-2', 'valid.txt')
+  with open(wiki, 'rb') as f:
+    text = f.read(30_000)
+  corpus = tmp_path / 'wiki.txt'
+  corpus.write_bytes(text[: text.rindex(b'\n') + 1])
+  config = load_config('bert', 'size=tiny')
+  config.model.vocab_size = 512
+  config.data.update(
+    source=str(corpus),
+    eval_source='',
+    eval_holdout_every=7,
+    seq_len=64,
+    tokenizer=tokenizer_path,
+  )
+  local, remote = str(tmp_path / 'wiki'), f'gs://{BUCKET}/wiki'
+  manifests = [
+    prepare.prepare(
+      config,
+      output,
+      range_mb=0.01,
+      beam_options='--direct_running_mode=in_memory',
+      progress=False,
+    )
+    for output in (local, remote)
+  ]
+  assert manifests[0]['splits'] == manifests[1]['splits']
+  assert len(manifests[1]['splits']['train']['shards']) == 3
+  assert records.read_manifest(remote) == manifests[1]
+
+  def batches(directory, split):
+    c = config.copy_and_resolve_references()
+    c.data.source = f'prepared:{directory}'
+    c.data.batch_size = 4
+    c.data.eval_batches = 2
+    c.data.verify_checksums = True
+    tok = tokenizer_lib.load_tokenizer(
+      os.path.join(directory, records.TOKENIZER_FILE)
+    )
+    if split == 'eval':
+      return pipeline.eval_batches(c, tok)
+    ds = pipeline.train_dataset(c, tok, start_batch=3)
+    return list(ds.take(4).as_numpy_iterator())
+
+  assert tf.io.gfile.glob(f'{remote}/train-*.array_record')
+  for split in ('train', 'eval'):
+    want, got = batches(local, split), batches(remote, split)
+    assert len(got) == len(want) > 0
+    for g, w in zip(got, want, strict=True):
+      assert g.keys() == w.keys()
+      for k in w:
+        np.testing.assert_array_equal(g[k], w[k], err_msg=f'{split} {k}')
