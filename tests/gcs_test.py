@@ -232,6 +232,8 @@ def gcs(tmp_path_factory):
 
   port, proxy_port = _free_port(), _free_port()
   url = f'http://127.0.0.1:{port}'
+  # Straight to 127.0.0.1, whatever proxy the environment names.
+  direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))
   server = subprocess.Popen(
     [
       str(wrapper._get_binary_path()),
@@ -248,7 +250,7 @@ def gcs(tmp_path_factory):
   )
   try:
     _wait_for(
-      lambda: urllib.request.urlopen(f'{url}/storage/v1/b', timeout=1),
+      lambda: direct.open(f'{url}/storage/v1/b', timeout=1),
       'fake-gcs-server',
       server,
     )
@@ -262,7 +264,7 @@ def gcs(tmp_path_factory):
       data=f'{{"name": "{BUCKET}"}}'.encode(),
       headers={'Content-Type': 'application/json'},
     )
-    urllib.request.urlopen(create, timeout=10).read()
+    direct.open(create, timeout=10).read()
     env = {
       'https_proxy': f'http://127.0.0.1:{proxy_port}',
       'no_proxy': '127.0.0.1,localhost',
