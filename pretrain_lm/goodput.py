@@ -68,6 +68,10 @@ class Accountant:
     finally:
       self.seconds[cause] += self._clock() - t
 
+  def resumed(self, workdir: str, step: int) -> None:
+    """Counts what the previous start trained past `step` as lost."""
+    self.lost_steps, self.lost_seconds = lost_work(read_records(workdir), step)
+
   def add(self, cause: str, seconds: float) -> None:
     self.seconds[cause] += seconds
 
@@ -240,3 +244,74 @@ class InputWatch:
       'data.cache_tokens=True keeps a raw-text corpus tokenized after the '
       'first epoch.'
     )
+
+
+class Monitor:
+  """A training loop's view of one start: its Accountant, InputWatch and
+  StepProfiler, called around each step:
+
+    with monitor.input():                    # booked as input waiting
+      batch = ...
+    monitor.before_step(n, shape)            # n counts from 1
+    outputs = train_step(state, batch)
+    monitor.dispatched(outputs)              # a new shape: compile time
+    ...read the previous step's metrics...
+    monitor.end_step(n, outputs)             # step time, the profile
+
+  `record()` is the goodput fields to log; `close()` ends a trace the run
+  stopped inside.
+  """
+
+  def __init__(self, accountant: Accountant, train_config, logdir: str, say):
+    from pretrain_lm import profiling  # noqa: PLC0415 - imports jax
+
+    self.accountant = accountant
+    self.watch = InputWatch(train_config.input_bound_share, say)
+    self.profiler = profiling.StepProfiler(
+      train_config.profile_steps, train_config.profile_hosts, logdir
+    )
+    self._compiled = set()  # the batch shapes the step was compiled for
+    self._began = self._waited = self._dispatched = 0.0
+    self._compiling = False
+
+  @contextlib.contextmanager
+  def input(self):
+    self._began = time.monotonic()
+    try:
+      yield
+    finally:
+      self._waited = time.monotonic() - self._began
+      self.accountant.add('input', self._waited)
+
+  def before_step(self, step: int, shape: Any) -> None:
+    self.profiler.before(step)
+    self._compiling = shape not in self._compiled
+    self._compiled.add(shape)
+    self._dispatched = time.monotonic()
+
+  def dispatched(self, outputs: Any) -> None:
+    """The step is dispatched; a first step of its shape compiled, and its
+    time until the outputs are ready is booked as compile."""
+    if self._compiling:
+      import jax  # noqa: PLC0415
+
+      jax.block_until_ready(outputs)
+      self.accountant.add('compile', time.monotonic() - self._dispatched)
+    self.accountant.steps += 1
+
+  def end_step(self, step: int, outputs: Any) -> None:
+    if not self._compiling:
+      self.watch.add(step, self._waited, time.monotonic() - self._began)
+    with self.accountant.timing('profile'):
+      self.profiler.after(step, outputs)
+
+  def input_share(self) -> dict[str, float]:
+    """The log window's input_wait_share, if it had steps."""
+    share = self.watch.share()
+    return {} if share is None else {'input_wait_share': share}
+
+  def record(self) -> dict[str, float]:
+    return self.accountant.record()
+
+  def close(self) -> None:
+    self.profiler.close()

@@ -24,7 +24,6 @@ from pretrain_lm import (
   distributed,
   goodput,
   objectives,
-  profiling,
   sharding,
   validate,
 )
@@ -939,15 +938,10 @@ class Trainer:
     skips = _SkipGuard(cfg.train.max_consecutive_skips, writer)
     acct = self.goodput
     if start and self.is_chief:
-      records = goodput.read_records(self.workdir)
-      acct.lost_steps, acct.lost_seconds = goodput.lost_work(records, start)
-    watch = goodput.InputWatch(cfg.train.input_bound_share, writer.print)
-    profiler = profiling.StepProfiler(
-      cfg.train.profile_steps,
-      cfg.train.profile_hosts,
-      os.path.join(self.workdir, 'tensorboard'),
+      acct.resumed(self.workdir, start)
+    monitor = goodput.Monitor(
+      acct, cfg.train, os.path.join(self.workdir, 'tensorboard'), writer.print
     )
-    compiled = set()  # the batch shapes the step has been compiled for
     acct.end_startup()
 
     # The data stream is opened at the start of each seq-len stage (the
@@ -961,32 +955,19 @@ class Trainer:
         if step and cfg.data.seq_len_schedule:
           seq_len = shapes['input_ids'].shape[1]
           writer.print(f'Step {step}: rows of {seq_len} tokens from here.')
-      began = time.monotonic()
-      host_batch = next(train_iter)
-      batch = sharding.host_to_global(host_batch, self.mesh)
-      waited = time.monotonic() - began
-      acct.add('input', waited)
-      profiler.before(step + 1)
-      shape = tuple(sorted((k, v.shape) for k, v in host_batch.items()))
-      compiling = shape not in compiled
-      dispatched = time.monotonic()
+      with monitor.input():
+        batch = sharding.host_to_global(next(train_iter), self.mesh)
+      monitor.before_step(step + 1, shapes_key(batch))
       with self.context():
         state, step_metrics = self._p_train_step(state, batch)
-      if compiling:  # tracing and compiling, and the step itself
-        compiled.add(shape)
-        jax.block_until_ready(step_metrics)
-        acct.add('compile', time.monotonic() - dispatched)
+      monitor.dispatched(step_metrics)
       step += 1
-      acct.steps += 1
       # Read step t-1's metrics only after step t is dispatched, so the host
       # never leaves the device idle waiting for a transfer.
       if pending is not None:
         window.append(skips.observe(step - 1, jax.device_get(pending)))
       pending = step_metrics
-      if not compiling:
-        watch.add(step, waited, time.monotonic() - began)
-      with acct.timing('profile'):
-        profiler.after(step, (state, step_metrics))
+      monitor.end_step(step, (state, step_metrics))
       writer.advance()
 
       last = step == num_steps
@@ -1003,16 +984,14 @@ class Trainer:
         )
         # A prepared mixture's share so far, per corpus.
         shares = pipeline.tokens_per_source(cfg, step - self.data_start_step)
-        waiting = watch.share()
-        input_share = {} if waiting is None else {'input_wait_share': waiting}
         writer.write(
           step,
           {
             **perf.summarize(window, step),
             **skipped,
             **shares,
-            **input_share,
-            **acct.record(),
+            **monitor.input_share(),
+            **monitor.record(),
           },
         )
         window = []
@@ -1047,7 +1026,7 @@ class Trainer:
         )
         break
 
-    profiler.close()
+    monitor.close()
     self._finish(writer, stop, step)
     return state
 
@@ -1067,6 +1046,11 @@ class Trainer:
 # a joint loss (NSP/SOP, ELECTRA), a biLM's forward direction, else the
 # loss itself.
 _PERPLEXITY_OF = ('mlm_loss', 'forward_loss', 'loss')
+
+
+def shapes_key(batch: dict) -> tuple:
+  """What a jitted step is compiled for: its inputs' names and shapes."""
+  return tuple(sorted((k, tuple(v.shape)) for k, v in batch.items()))
 
 
 def _perplexity(metrics: dict[str, float], prefix: str = '') -> float:

@@ -64,7 +64,6 @@ _RANGES = (
   ('data.shuffle_buffer', 1, math.inf, '[)'),
   ('data.tokenizer_max_docs', 1, math.inf, '[)'),
   ('data.max_doc_bytes', 1, math.inf, '[)'),
-  ('train.input_bound_share', 0, 1, '[]'),
 )
 
 
@@ -262,6 +261,21 @@ def check_cache_dir(path: str) -> None:
   )
 
 
+def check_monitoring(t: ml_collections.ConfigDict) -> None:
+  """The train section's profile and input-bound fields (pretraining's and
+  fine-tuning's)."""
+  profiling.parse_steps(t.profile_steps)
+  _require(
+    t.profile_hosts in profiling.HOSTS,
+    f'train.profile_hosts={t.profile_hosts!r} is not one of {profiling.HOSTS}.',
+  )
+  _require(
+    0 <= t.input_bound_share <= 1,
+    f'train.input_bound_share={t.input_bound_share} must be in [0, 1] (0: '
+    'never report).',
+  )
+
+
 def check_config(config: ml_collections.ConfigDict) -> None:
   """Raises ValueError/FileNotFoundError naming the first bad field."""
   check_fields(config)  # milliseconds: before anything that reads files
@@ -295,11 +309,7 @@ def check_config(config: ml_collections.ConfigDict) -> None:
   _require(d.seq_len > 0, f'data.seq_len={d.seq_len} must be > 0.')
   _require(d.batch_size > 0, f'data.batch_size={d.batch_size} must be > 0.')
   _require(t.num_steps > 0, f'train.num_steps={t.num_steps} must be > 0.')
-  profiling.parse_steps(t.profile_steps)
-  _require(
-    t.profile_hosts in profiling.HOSTS,
-    f'train.profile_hosts={t.profile_hosts!r} is not one of {profiling.HOSTS}.',
-  )
+  check_monitoring(t)
   check_grad_accum(t.grad_accum_steps, d.batch_size)
   _require(
     t.cpu_microbatch_tokens >= 0,

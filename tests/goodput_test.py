@@ -254,3 +254,30 @@ def test_profile_steps_trace_those_steps_into_tensorboard(
   assert len(outermost) == 2
   records = read_metrics(workdir)
   assert max(r.get('goodput_profile_s', 0) for r in records) > 0
+
+
+def test_fine_tuning_profiles_and_accounts_its_time(tiny_workdir, tmp_path):
+  from pretrain_lm.finetune import trainer as ft_trainer
+
+  c = load_config('finetune/glue', 'task=sst2')
+  c.init.workdir = tiny_workdir('bert')
+  c.task.seq_len = 32
+  c.task.max_train_examples = 32
+  c.task.max_eval_examples = 16
+  c.train.batch_size = 8
+  c.train.max_steps = 6
+  c.train.log_every = 3
+  c.train.progress_bar = False
+  c.train.profile_steps = '3:2'
+  c.checkpoint.async_save = False
+  workdir = str(tmp_path / 'ft')
+  mesh = sharding.make_mesh(c.mesh, jax.devices()[:1])
+  ft_trainer.Trainer(c, workdir, mesh).run()
+  traces = glob.glob(
+    os.path.join(workdir, 'tensorboard', 'plugins', 'profile', '*', '*.pb')
+  )
+  assert len(traces) == 1, traces
+  summary = goodput.summarize(read_metrics(workdir))
+  assert summary['steps'] == 6 and summary['starts'] == 1
+  for cause in ('compile', 'eval', 'checkpoint', 'profile'):
+    assert summary['seconds'][cause] > 0, cause

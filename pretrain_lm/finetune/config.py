@@ -20,6 +20,8 @@ POOLINGS = ('auto', 'cls', 'pooler', 'mean', 'max', 'last')
 SCHEDULES = ('linear', 'slanted_triangular')
 # The pretraining families a head can sit on ('electra': its discriminator).
 FAMILIES = ('encoder', 'decoder', 'encoder_decoder', 'electra', 'bilm')
+# The configs' `recipe` arg (configs/finetune/glue.py describes each).
+RECIPES = ('bert', 'ulmfit', 'elmo', 'cove')
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -71,6 +73,12 @@ def base_config() -> ml_collections.ConfigDict:
   # label / similarity_scale (STS-B's scores run 0-5).
   c.head.siamese = False
   c.head.similarity_scale = 5.0
+  # CoVe (McCann et al., 2017): an encoder-decoder's (T5, BART) encoder
+  # alone gives the features (all its layers with scalar_mix), after the
+  # token table's rows of the ids with cove_embeddings (the paper's
+  # [GloVe(w); CoVe(w)]); usually with the body frozen.
+  c.head.cove = False
+  c.head.cove_embeddings = True
 
   c.optimizer = ml_collections.ConfigDict()
   c.optimizer.name = 'adamw'
@@ -136,11 +144,19 @@ def base_config() -> ml_collections.ConfigDict:
   # pretraining (configlib.compiler_options_field). Not taken from the
   # pretraining config: set them here.
   c.train.compiler_options = configlib.compiler_options_field()
+  # As in pretraining (configlib): a trace of steps 'START:COUNT' into the
+  # workdir's tensorboard/, the input-bound report, Weights & Biases.
+  c.train.profile_steps = ''
+  c.train.profile_hosts = 'chief'
+  c.train.input_bound_share = 0.2
+  c.train.wandb_project = ''
+  c.train.wandb_entity = ''
 
   c.mesh = ml_collections.ConfigDict()
   c.mesh.data = -1
   c.mesh.fsdp = 1
   c.mesh.tensor = 1
+  c.mesh.dcn_data = 1  # slices the data axis spans, as in pretraining
 
   c.checkpoint = ml_collections.ConfigDict()
   c.checkpoint.every = 0  # steps; 0: at the end of each epoch
@@ -150,6 +166,27 @@ def base_config() -> ml_collections.ConfigDict:
   c.checkpoint.async_save = True
 
   return c
+
+
+def apply_recipe(c: ml_collections.ConfigDict, recipe: str) -> None:
+  """Sets the fields of a named recipe on a base_config (`bert`: none)."""
+  if recipe not in RECIPES:
+    raise ValueError(f'Config arg recipe={recipe!r}; valid: {list(RECIPES)}.')
+  if recipe == 'ulmfit':
+    c.optimizer.schedule = 'slanted_triangular'
+    c.optimizer.cut_frac = 0.1
+    c.optimizer.ratio = 32.0
+    c.optimizer.layer_lr_decay = 1 / 2.6
+    c.optimizer.gradual_unfreezing = 1.0
+  elif recipe == 'elmo':
+    c.head.scalar_mix = True
+    c.head.mix_layer_norm = True
+    c.head.freeze_backbone = True
+    c.optimizer.learning_rate = 1e-3  # only the head trains
+  elif recipe == 'cove':
+    c.head.cove = True
+    c.head.freeze_backbone = True
+    c.optimizer.learning_rate = 1e-3
 
 
 def _require(ok: bool, message: str) -> None:
@@ -201,12 +238,22 @@ def check_config(config: ml_collections.ConfigDict, workdir: str = '') -> None:
     not (config.head.siamese and config.head.text_to_text),
     'head.siamese and head.text_to_text exclude each other.',
   )
+  _require(
+    not (config.head.cove and config.head.text_to_text),
+    'head.cove runs the encoder alone; head.text_to_text needs the decoder.',
+  )
   module = TASKS[task.name]
   if (module.head(task) if hasattr(module, 'head') else module.HEAD) == 'lm':
     # The body's own LM head is the whole model: no sentence vector to
     # pool or mix, no head to train on a frozen body, and a teacher's
     # [N, L, V] logits per training row would not fit in memory.
-    for name in ('siamese', 'text_to_text', 'scalar_mix', 'freeze_backbone'):
+    for name in (
+      'siamese',
+      'text_to_text',
+      'scalar_mix',
+      'freeze_backbone',
+      'cove',
+    ):
       _require(
         not config.head[name],
         f"head.{name}: task {task.name} generates text with the body's "
@@ -262,4 +309,5 @@ def check_config(config: ml_collections.ConfigDict, workdir: str = '') -> None:
   for name in ('max_steps', 'eval_every', 'exit_interval', 'eval_batch_size'):
     _require(train[name] >= 0, f'train.{name} must be >= 0.')
   _require(train.log_every > 0, 'train.log_every must be > 0.')
+  validate.check_monitoring(train)
   _require(config.checkpoint.every >= 0, 'checkpoint.every must be >= 0.')

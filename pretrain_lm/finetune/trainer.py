@@ -29,9 +29,9 @@ from flax import linen as nn
 from jax.experimental import multihost_utils
 
 from pretrain_lm import checkpoint as checkpoint_lib
+from pretrain_lm import goodput, sharding, train
 from pretrain_lm import metrics as metrics_lib
 from pretrain_lm import pretrained as pretrained_lib
-from pretrain_lm import sharding, train
 from pretrain_lm.data import tokenizer as tokenizer_lib
 from pretrain_lm.finetune import TASKS, losses, optimizer
 from pretrain_lm.finetune import config as config_lib
@@ -174,6 +174,8 @@ def build_model(
     freeze_backbone=config.head.freeze_backbone,
     label_sequences=labels,
     siamese=config.head.siamese,
+    cove=config.head.cove,
+    cove_embeddings=config.head.cove_embeddings,
   )
 
 
@@ -239,6 +241,7 @@ class Trainer:
     workdir: str,
     mesh: jax.sharding.Mesh | None = None,
   ):
+    self.goodput = goodput.Accountant()  # wall time by cause, as pretraining
     self.config = c = config
     self.workdir = workdir = checkpoint_lib.absolute(workdir)
     train.use_compilation_cache(c.train.compilation_cache_dir)
@@ -489,7 +492,8 @@ class Trainer:
       )
       latest = self.checkpointer.latest_step()
       if latest is not None:  # (1)
-        state, meta = self.checkpointer.restore(latest, self._abstract)
+        with self.goodput.timing('restore'):
+          state, meta = self.checkpointer.restore(latest, self._abstract)
         train.check_tokenizer_matches(meta, self.tokenizer, self.checkpointer)
         return state
       state = create(rng, self.batch_shapes)
@@ -635,6 +639,9 @@ class Trainer:
       initial_step=start,
       enabled=self.is_chief,
       progress_bar=c.train.progress_bar,
+      wandb_project=c.train.wandb_project,
+      wandb_entity=c.train.wandb_entity,
+      config=c.to_dict(),
     )
     writer.print(
       f'{c.task.name} ({self.head}): {self.train_split.num_rows} training '
@@ -644,18 +651,29 @@ class Trainer:
     if start:
       writer.print(f'Resumed from {self.checkpointer.directory} at {start}.')
     stop = train.StopSignal()
+    acct = self.goodput
+    if start and self.is_chief:
+      acct.resumed(self.workdir, start)
+    monitor = goodput.Monitor(
+      acct, c.train, os.path.join(self.workdir, 'tensorboard'), writer.print
+    )
+    acct.end_startup()
 
     step, pending, window = start, None, []
     last_time, last_step = time.perf_counter(), start
     while step < self.num_steps:
-      batch = sharding.host_to_global(self.train_batch(step), self.mesh)
+      with monitor.input():
+        batch = sharding.host_to_global(self.train_batch(step), self.mesh)
+      monitor.before_step(step + 1, train.shapes_key(batch))
       with self.context():
         state, step_metrics = self._p_train_step(state, batch)
+      monitor.dispatched(step_metrics)
       step += 1
       # Read step t-1's metrics only after step t is dispatched.
       if pending is not None:
         window.append(jax.device_get(pending))
       pending = step_metrics
+      monitor.end_step(step, (state, step_metrics))
       writer.advance()
 
       last = step == self.num_steps
@@ -667,10 +685,13 @@ class Trainer:
         logged['examples_per_s'] = (
           (step - last_step) * self.batch_size / (now - last_time)
         )
-        writer.write(step, logged)
+        writer.write(
+          step, {**logged, **monitor.input_share(), **monitor.record()}
+        )
         window, last_time, last_step = [], now, step
       if self._is_due(c.train.eval_every, step) or last:
-        scores = self.evaluate(state.params, step)
+        with acct.timing('eval'):
+          scores = self.evaluate(state.params, step)
         writer.write(step, scores, console=False)
         improved = results.add(step, scores, last)
         best = results.content['best']
@@ -683,12 +704,16 @@ class Trainer:
           + f' (best {key}={best[key]:.4f} at step {best["step"]})'
         )
         if improved and self.best_checkpointer:
-          self.best_checkpointer.save(step, state, self.checkpoint_meta(state))
+          with acct.timing('checkpoint'):
+            self.best_checkpointer.save(
+              step, state, self.checkpoint_meta(state)
+            )
       exiting = stop.requested() or (
         c.train.exit_interval and step % c.train.exit_interval == 0
       )
       if self._is_due(c.checkpoint.every, step) or last or exiting:
-        self.checkpointer.save(step, state, self.checkpoint_meta(state))
+        with acct.timing('checkpoint'):
+          self.checkpointer.save(step, state, self.checkpoint_meta(state))
       if exiting and not last:
         writer.print(
           f'Stopping at step {step} (checkpoint saved); run the same '
@@ -696,11 +721,14 @@ class Trainer:
         )
         break
 
+    monitor.close()
     for checkpointer in (self.checkpointer, self.best_checkpointer):
       if checkpointer:
-        checkpointer.wait()
+        with acct.timing('checkpoint'):
+          checkpointer.wait()
         checkpointer.close()
     stop.restore()
+    writer.write(step, monitor.record(), console=False)
     writer.close()
     self.state = state
     return results.content
