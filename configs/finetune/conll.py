@@ -15,6 +15,12 @@ are left out of the loss; lr 5e-5, batch 32, 3 epochs, rows of 128 tokens.
 The metric is conlleval's entity-level F1 (percent). `task.tag_scheme`
 ('iob1' or 'iob2') converts tags as they are read; `task.labels` lists the
 tag set for data other than CoNLL-2003's 9 NER tags.
+
+`recipe` is `bert` (the above), `ulmfit`, `elmo` or `cove`, as in
+configs/finetune/glue.py; with `elmo` and `cove` the frozen body's states
+feed the per-token dense layer (CoVe: an encoder-decoder's encoder):
+
+  --config=configs/finetune/conll.py:data=/data/conll2003,recipe=cove
 """
 
 from pretrain_lm import configlib
@@ -23,7 +29,7 @@ from pretrain_lm.finetune import config as finetune_config
 
 def get_config(arg=None):
   """The CoNLL fine-tuning config for `arg` (e.g. 'data=DIR')."""
-  arg = configlib.parse_arg(arg, data='')
+  arg = configlib.parse_arg(arg, data='', recipe='bert')
   c = finetune_config.base_config()
   c.task.name = 'conll'
   c.task.data_dir = arg.data
@@ -36,4 +42,5 @@ def get_config(arg=None):
   c.optimizer.learning_rate = 5e-5
   c.train.num_epochs = 3
   c.train.batch_size = 32
+  finetune_config.apply_recipe(c, arg.recipe)
   return configlib.lock(c)

@@ -24,6 +24,15 @@ optimizer setting:
 - `elmo`: Peters et al. (2018)'s feature-based use: the body frozen, a
   learned softmax mix of all its layers (each layer-normalised) with a scale
   gamma, mean-pooled into the classifier; lr 1e-3 since only the head trains.
+  An encoder-decoder's mix is of its decoder's layers; `recipe=cove` with
+  --config.head.scalar_mix=True --config.head.mix_layer_norm=True
+  --config.head.cove_embeddings=False mixes its encoder's.
+- `cove`: McCann et al. (2017)'s contextualized word vectors, for an
+  encoder-decoder (T5, BART): its encoder alone, frozen (the decoder never
+  runs), its final states after the token table's rows of the ids (the
+  paper's [GloVe(w); CoVe(w)]; head.cove_embeddings=False leaves them out),
+  mean-pooled into the dense classifier (not the paper's biattentive
+  network); lr 1e-3. Other families are refused.
 
 `siamese` (a flag) fine-tunes Sentence-BERT (Reimers & Gurevych, 2019) on a
 sentence-pair task: each sentence is embedded alone by the same body and
@@ -41,34 +50,18 @@ the best and the final dev metrics.
 from pretrain_lm import configlib
 from pretrain_lm.finetune import config as finetune_config
 
-RECIPES = ('bert', 'ulmfit', 'elmo')
-
 
 def get_config(arg=None):
   """The GLUE fine-tuning config for `arg` (e.g. 'task=mrpc')."""
   arg = configlib.parse_arg(
     arg, task='sst2', data='', recipe='bert', siamese=False
   )
-  if arg.recipe not in RECIPES:
-    raise ValueError(
-      f'Config arg recipe={arg.recipe!r}; valid: {list(RECIPES)}.'
-    )
   c = finetune_config.base_config()
   c.task.name = 'glue'
   c.task.glue_task = arg.task
   c.task.data_dir = arg.data
   c.task.seq_len = 128  # BERT's GLUE runs
 
-  if arg.recipe == 'ulmfit':
-    c.optimizer.schedule = 'slanted_triangular'
-    c.optimizer.cut_frac = 0.1
-    c.optimizer.ratio = 32.0
-    c.optimizer.layer_lr_decay = 1 / 2.6
-    c.optimizer.gradual_unfreezing = 1.0
-  elif arg.recipe == 'elmo':
-    c.head.scalar_mix = True
-    c.head.mix_layer_norm = True
-    c.head.freeze_backbone = True
-    c.optimizer.learning_rate = 1e-3
+  finetune_config.apply_recipe(c, arg.recipe)
   c.head.siamese = arg.siamese
   return configlib.lock(c)

@@ -14,6 +14,12 @@ MLM head, NSP's classifier) and restores from it by a partial restore. Heads
       it, gives `logits` [B, L, V] (an encoder-decoder's decoder length;
       text2text.py lays out the rows).
 
+CoVe (McCann et al., 2017; `cove`) runs an encoder-decoder's encoder alone:
+its final states (or the scalar mix of its layers) after the token table's
+rows, [E(w); CoVe(w)] as the paper's [GloVe(w); CoVe(w)], feed the same
+heads. The paper's task model is a biattentive classification network;
+here it is the heads above (mean-pooled dense, or dense per token).
+
 Sentence-BERT's siamese heads (`siamese`) embed two sentences u, v with the
 same body: classification reads (u, v, |u - v|), regression is cos(u, v).
 T5 classifies text-to-text instead (`label_sequences`): the encoder reads
@@ -52,6 +58,7 @@ def resolve_pooling(
   has_pooler: bool,
   scalar_mix: bool,
   siamese: bool = False,
+  cove: bool = False,
 ) -> str:
   """The pooling 'auto' stands for, and a check of an explicit one."""
   if pooling == 'pooler' and (not has_pooler or scalar_mix):
@@ -61,13 +68,13 @@ def resolve_pooling(
     )
   if pooling != 'auto':
     return pooling
-  if family in ('decoder', 'encoder_decoder'):
+  if family in ('decoder', 'encoder_decoder') and not cove:
     # A causal stack's last real token is the only one that has read the
     # whole row (GPT; BART's final decoder token).
     return 'last'
-  if scalar_mix or siamese or family == 'bilm':
-    # ELMo's features have no trained summary token; Sentence-BERT found
-    # the mean better than [CLS] or max. Average them.
+  if scalar_mix or siamese or cove or family == 'bilm':
+    # ELMo's and CoVe's features have no trained summary token;
+    # Sentence-BERT found the mean better than [CLS] or max. Average them.
     return 'mean'
   return 'pooler' if has_pooler else 'cls'
 
@@ -99,6 +106,35 @@ def backbone_inputs(batch: dict[str, Array], family: str) -> dict:
   if 'token_type_ids' in batch:
     inputs['token_type_ids'] = batch['token_type_ids']
   return inputs
+
+
+# The families whose body has an encoder to run alone (T5, BART, UL2's
+# encoder-decoder), for CoVe.
+COVE_FAMILIES = ('encoder_decoder',)
+
+
+def cove_features(
+  body: nn.Module, rows: dict[str, Array], *, deterministic: bool
+) -> dict[str, Array]:
+  """CoVe's inputs from an encoder-decoder body, its decoder never run.
+
+  `hidden` is the encoder's output [B, L, D], `embeddings` the token
+  table's rows of the ids [B, L, E] (no scale, positions or norm: the
+  paper's GloVe half is a plain lookup), and with the body's
+  collect_states `layer_states` the encoder's [N + 1, B, L, D].
+  """
+  encoded, _ = body.encode(
+    {
+      'encoder_input_ids': rows['input_ids'],
+      'encoder_input_mask': rows['input_mask'],
+    },
+    deterministic=deterministic,
+  )
+  outputs = {'embeddings': body.token_embed(rows['input_ids'])}
+  if body.collect_states:  # a pair (output, layer states)
+    encoded, outputs['layer_states'] = encoded
+  outputs['hidden'] = encoded
+  return outputs
 
 
 def pool(x_BLD: Array, mask_BL: Array, pooling: str) -> Array:
@@ -181,6 +217,25 @@ class FinetuneModel(nn.Module):
   label_sequences: tuple[tuple[int, ...], ...] = ()
   # Sentence-BERT: the batch holds a second sentence as b_input_ids, ...
   siamese: bool = False
+  # CoVe: the encoder alone, after the token table's rows when
+  # cove_embeddings.
+  cove: bool = False
+  cove_embeddings: bool = True
+
+  def __post_init__(self):
+    # Checked as the model is built, before anything compiles.
+    if self.cove and backbone_family(self.cfg.family) not in COVE_FAMILIES:
+      raise ValueError(
+        'head.cove reads the encoder of an encoder-decoder (model.family '
+        f"{COVE_FAMILIES[0]!r}: the t5, bart and ul2 configs); this body's "
+        f'model.family is {self.cfg.family!r}.'
+      )
+    if self.cove and (self.label_sequences or self.head == 'lm'):
+      raise ValueError(
+        'head.cove feeds a classification, span or token head; a text '
+        "generating one (head 'lm', head.text_to_text) needs the decoder."
+      )
+    super().__post_init__()
 
   @nn.compact
   def __call__(self, batch: dict[str, Array], *, deterministic: bool):
@@ -212,10 +267,11 @@ class FinetuneModel(nn.Module):
 
     def encode(rows):
       """The states the head reads [B, L, D], and the body's outputs."""
-      outputs = body(
-        backbone_inputs(rows, family),
-        deterministic=deterministic or self.freeze_backbone,
-      )
+      frozen = deterministic or self.freeze_backbone
+      if self.cove:
+        outputs = cove_features(body, rows, deterministic=frozen)
+      else:
+        outputs = body(backbone_inputs(rows, family), deterministic=frozen)
       if self.freeze_backbone:
         outputs = jax.lax.stop_gradient(outputs)
       if mix is None:
@@ -223,6 +279,9 @@ class FinetuneModel(nn.Module):
       else:
         h_BLD = mix(outputs['layer_states'], rows['input_mask'])
         h_BLD = h_BLD.astype(cfg.jnp_dtype)
+      if self.cove and self.cove_embeddings:
+        # [E(w); CoVe(w)]: D + E wide.
+        h_BLD = jnp.concatenate([outputs['embeddings'], h_BLD], axis=-1)
       return nn.with_logical_constraint(h_BLD, layers.BLD), outputs
 
     def sentence(rows):
@@ -234,6 +293,7 @@ class FinetuneModel(nn.Module):
         'pooled' in outputs,
         self.scalar_mix,
         self.siamese,
+        self.cove,
       )
       if pooling == 'pooler':
         return outputs['pooled']
@@ -260,7 +320,7 @@ class FinetuneModel(nn.Module):
 
     h_BLD, _ = encode(batch)
     mask_BL = batch['input_mask']
-    D = h_BLD.shape[-1]  # 2 x emb_dim for a biLM
+    D = h_BLD.shape[-1]  # 2 x emb_dim for a biLM, D + E for CoVe
     if self.head == 'span':
       # No dropout before BERT's SQuAD output layer.
       logits_BLC = self._dense('span', h_BLD, D, 'BLD,DC->BLC', classes=2)
