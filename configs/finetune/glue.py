@@ -24,7 +24,8 @@ optimizer setting:
 - `elmo`: Peters et al. (2018)'s feature-based use: the body frozen, a
   learned softmax mix of all its layers (each layer-normalised) with a scale
   gamma, mean-pooled into the classifier; lr 1e-3 since only the head trains.
-  An encoder-decoder's mix is of its decoder's layers; `recipe=cove` with
+  An encoder-decoder's mix is of its decoder's layers, pooled at the last
+  real token (head.pooling 'auto'); `recipe=cove` with
   --config.head.scalar_mix=True --config.head.mix_layer_norm=True
   --config.head.cove_embeddings=False mixes its encoder's.
 - `cove`: McCann et al. (2017)'s contextualized word vectors, for an
@@ -32,7 +33,8 @@ optimizer setting:
   runs), its final states after the token table's rows of the ids (the
   paper's [GloVe(w); CoVe(w)]; head.cove_embeddings=False leaves them out),
   mean-pooled into the dense classifier (not the paper's biattentive
-  network); lr 1e-3. Other families are refused.
+  network); lr 1e-3. Other families are refused. experiments/cove.md
+  compares it with the ELMo mixes on a tiny T5.
 
 `siamese` (a flag) fine-tunes Sentence-BERT (Reimers & Gurevych, 2019) on a
 sentence-pair task: each sentence is embedded alone by the same body and
