@@ -153,7 +153,10 @@ def summarize(records: list[dict]) -> dict[str, Any] | None:
   starts = last_per_start(records)
   if not starts:
     return None
-  total = lambda key: sum(r.get(f'{PREFIX}{key}', 0.0) for r in starts)  # noqa: E731
+
+  def total(key: str) -> float:
+    return sum(r.get(f'{PREFIX}{key}', 0.0) for r in starts)
+
   wall = total('wall_s')
   lost = total('lost_s')
   seconds = {'productive': total('productive_s') - lost, 'lost': lost}
