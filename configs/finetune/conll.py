@@ -21,6 +21,11 @@ configs/finetune/glue.py; with `elmo` and `cove` the frozen body's states
 feed the per-token dense layer (CoVe: an encoder-decoder's encoder):
 
   --config=configs/finetune/conll.py:data=/data/conll2003,recipe=cove
+
+Cross-view training (Clark et al., 2018) learns from untagged text too,
+with the paper's four auxiliary views of an encoder (forward, backward,
+future, past): `--config.cvt.unlabeled=SOURCE` (a data.source string, one
+sentence of whitespace-separated words per line).
 """
 
 from pretrain_lm import configlib

@@ -43,6 +43,16 @@ regresses cos(u, v) onto score / 5:
 
   --config=configs/finetune/glue.py:task=stsb,data=/data/glue/STS-B,siamese
 
+Cross-view training (Clark et al., 2018) adds unlabelled text: every
+labelled step is followed by one where auxiliary heads over restricted views
+of the body (forward- and backward-only attention, randomly masked tokens)
+learn to match the task head's predictions. `--config.cvt.unlabeled=train`
+labels the first task.max_train_examples training sentences and reads the
+rest unlabelled; a data.source string (files, globs, gs://, tfds:) reads
+one sentence per line (experiments/cvt.md):
+
+  --config.cvt.unlabeled=train --config.task.max_train_examples=1000
+
 The metric that picks the best checkpoint is the task's official one
 (accuracy; F1/accuracy mean for MRPC and QQP; Matthews correlation for
 CoLA; Pearson/Spearman mean for STS-B). The workdir's results.json holds

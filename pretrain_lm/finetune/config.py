@@ -22,6 +22,8 @@ SCHEDULES = ('linear', 'slanted_triangular')
 FAMILIES = ('encoder', 'decoder', 'encoder_decoder', 'electra', 'bilm')
 # The configs' `recipe` arg (configs/finetune/glue.py describes each).
 RECIPES = ('bert', 'ulmfit', 'elmo', 'cove')
+# Cross-view training's restricted views (pretrain_lm.finetune.model).
+CVT_VIEWS = ('forward', 'backward', 'future', 'past', 'mask')
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -113,6 +115,26 @@ def base_config() -> ml_collections.ConfigDict:
   c.distill.teacher = ''  # a fine-tuning workdir of the same task; '' is off
   c.distill.temperature = 1.0
   c.distill.alpha = 1.0
+
+  # Cross-view training (Clark et al., 2018; pretrain_lm.finetune.model):
+  # training steps alternate a labelled batch (the task head's gold loss)
+  # with an unlabelled one (auxiliary heads, each reading a restricted view
+  # of the input, learn to match the task head's predictions, held fixed).
+  # For classification and token heads.
+  c.cvt = ml_collections.ConfigDict()
+  # The unlabelled examples; '' is off. 'train': the task's training
+  # examples after its first task.max_train_examples, labels unread. Else
+  # text, an example per document: a data.source string (comma-separated
+  # paths or globs, local or gs://, or 'tfds:name'), split by doc_format.
+  c.cvt.unlabeled = ''
+  c.cvt.doc_format = 'line'
+  c.cvt.max_unlabeled_examples = 0  # 0: all of them
+  # Comma-separated views (CVT_VIEWS: forward, backward, future,
+  # past, mask); '': the paper's four for a token head on an encoder,
+  # forward, backward and mask for a classification head, else mask.
+  c.cvt.views = ''
+  c.cvt.mask_rate = 0.15  # the 'mask' view's share of masked tokens
+  c.cvt.batch_size = 0  # rows of an unlabelled step; 0: train.batch_size
 
   c.train = ml_collections.ConfigDict()
   c.train.num_epochs = 3
@@ -243,7 +265,8 @@ def check_config(config: ml_collections.ConfigDict, workdir: str = '') -> None:
     'head.cove runs the encoder alone; head.text_to_text needs the decoder.',
   )
   module = TASKS[task.name]
-  if (module.head(task) if hasattr(module, 'head') else module.HEAD) == 'lm':
+  task_head = module.head(task) if hasattr(module, 'head') else module.HEAD
+  if task_head == 'lm':
     # The body's own LM head is the whole model: no sentence vector to
     # pool or mix, no head to train on a frozen body, and a teacher's
     # [N, L, V] logits per training row would not fit in memory.
@@ -296,6 +319,7 @@ def check_config(config: ml_collections.ConfigDict, workdir: str = '') -> None:
       f'distill.teacher={d.teacher!r} is not a fine-tuning workdir (no '
       'init_config.json in it).'
     )
+  check_cvt(config, task_head)
   _require(train.batch_size > 0, 'train.batch_size must be > 0.')
   validate.check_grad_accum(
     train.grad_accum_steps, train.batch_size, 'train.batch_size'
@@ -311,3 +335,44 @@ def check_config(config: ml_collections.ConfigDict, workdir: str = '') -> None:
   _require(train.log_every > 0, 'train.log_every must be > 0.')
   validate.check_monitoring(train)
   _require(config.checkpoint.every >= 0, 'checkpoint.every must be >= 0.')
+
+
+def cvt_views(config: ml_collections.ConfigDict) -> tuple[str, ...]:
+  """cvt.views as a tuple ('' stays empty: the model's default)."""
+  return tuple(v.strip() for v in config.cvt.views.split(',') if v.strip())
+
+
+def check_cvt(config: ml_collections.ConfigDict, head: str) -> None:
+  """The cvt section's checks that need no model or data."""
+  cvt, task = config.cvt, config.task
+  if not cvt.unlabeled:
+    return
+  _require(
+    head in ('classification', 'token'),
+    f'cvt.unlabeled: cross-view training serves classification and token '
+    f'heads; task {task.name} has a {head!r} head.',
+  )
+  for name in ('text_to_text', 'siamese', 'cove', 'freeze_backbone'):
+    _require(
+      not config.head[name],
+      f'cvt.unlabeled with head.{name}: cross-view training trains the '
+      'body through a plain classification or token head.',
+    )
+  _require(
+    not config.distill.teacher,
+    'cvt.unlabeled and distill.teacher exclude each other.',
+  )
+  if cvt.unlabeled == 'train':
+    _require(
+      task.max_train_examples > 0,
+      "cvt.unlabeled='train' labels the first task.max_train_examples "
+      'training examples and reads the rest unlabelled: set '
+      'task.max_train_examples > 0.',
+    )
+  for view in cvt_views(config):
+    _choice(view, 'cvt.views entry', CVT_VIEWS)
+  _require(
+    0 < cvt.mask_rate < 1, f'cvt.mask_rate={cvt.mask_rate} must be in (0, 1).'
+  )
+  for name in ('batch_size', 'max_unlabeled_examples'):
+    _require(cvt[name] >= 0, f'cvt.{name}={cvt[name]} must be >= 0.')

@@ -190,6 +190,18 @@ def read(task_config, split: str) -> list[dict]:
   return sentences
 
 
+def unlabeled_example(text: str, task_config, index: int) -> dict:
+  """An example of unlabelled text (cross-view training): its words split
+  at whitespace, each tagged with a placeholder (only its place is read)."""
+  tokens = text.split()
+  placeholder = labels(task_config)[0]
+  return {
+    'guid': f'unlabeled-{index}',
+    'tokens': tokens,
+    'labels': [placeholder] * len(tokens),
+  }
+
+
 def featurize(
   examples: list[dict], tokenizer, task_config, *, seq_len: int, family: str
 ) -> dict[str, np.ndarray]:

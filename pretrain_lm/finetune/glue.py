@@ -405,6 +405,21 @@ def read(task_config, split: str) -> list[dict]:
   return examples
 
 
+def unlabeled_example(text: str, task_config, index: int) -> dict:
+  """An example of unlabelled text (cross-view training): one sentence."""
+  if get_preset(task_config).text_b is not None:
+    raise ValueError(
+      f'{task_config.glue_task} reads sentence pairs; plain text makes no '
+      "unlabelled pairs (cvt.unlabeled='train' reads its own)."
+    )
+  return {
+    'guid': f'unlabeled-{index}',
+    'text_a': text,
+    'text_b': None,
+    'label': None,
+  }
+
+
 def featurize(
   examples: list[dict], tokenizer, task_config, *, seq_len: int, family: str
 ) -> dict[str, np.ndarray]:

@@ -1,8 +1,11 @@
-"""Fine-tuning losses: each head's gold loss, and distillation.
+"""Fine-tuning losses: each head's gold loss, distillation, cross-view.
 
 Knowledge distillation (Hinton et al., 2015) as Turc et al. (2019) use it
 for compact BERTs: the student matches a fine-tuned teacher's
 temperature-softened predictions, mixed with the gold loss by alpha.
+Cross-view training (Clark et al., 2018) is distillation within one model
+on unlabelled rows: each auxiliary head, reading a restricted view, matches
+the primary head's predictions on the whole input (cvt_loss).
 """
 
 import jax
@@ -74,6 +77,8 @@ def loss_fn(
   """
 
   def fn(outputs, batch):
+    if 'cvt_weight' in batch:  # an unlabelled batch of cross-view training
+      return cvt_loss(outputs, batch)
     metrics = {}
     if head == 'classification':
       logits = outputs['logits']
@@ -140,6 +145,32 @@ def loss_fn(
     return loss, metrics
 
   return fn
+
+
+def cvt_loss(outputs, batch) -> tuple[jax.Array, dict[str, jax.Array]]:
+  """Cross-view training's loss on an unlabelled batch (Clark et al., 2018,
+  eq. 2): the sum over views of KL(primary || auxiliary).
+
+  outputs['cvt_teacher'] holds the primary head's logits (held fixed: no
+  gradient reaches them), outputs['cvt_<view>'] each auxiliary head's;
+  batch['cvt_weight'] weighs the rows ([B]) or the tagged tokens ([B, L]).
+  The KL has the cross-entropy's gradient; it reads 0 when a view agrees.
+  """
+  teacher = jax.lax.stop_gradient(outputs['cvt_teacher'])
+  weight = batch['cvt_weight'].astype(jnp.float32)
+  total = jnp.maximum(jnp.sum(weight), 1.0)
+  loss, metrics = 0.0, {'num_predictions': jnp.sum(weight)}
+  guess = jnp.argmax(teacher, -1)
+  for key in sorted(outputs):
+    if key == 'cvt_teacher' or not key.startswith('cvt_'):
+      continue
+    view = jnp.sum(distill_kl(teacher, outputs[key], 1.0) * weight) / total
+    agree = (jnp.argmax(outputs[key], -1) == guess).astype(jnp.float32)
+    metrics[f'{key}_kl'] = view
+    metrics[f'{key}_agreement'] = jnp.sum(agree * weight) / total
+    loss = loss + view
+  metrics['cvt_loss'] = loss
+  return loss, metrics
 
 
 def target_nll(logits, target_ids, target_mask) -> dict[str, jax.Array]:

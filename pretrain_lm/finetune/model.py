@@ -25,6 +25,21 @@ same body: classification reads (u, v, |u - v|), regression is cos(u, v).
 T5 classifies text-to-text instead (`label_sequences`): the encoder reads
 the row, the decoder each class's label word, and `logits` [B, C] are the
 words' log-likelihoods (Raffel et al., 2020, section 2.4).
+
+Cross-view training (Clark et al., 2018; `cvt_views`) adds auxiliary heads,
+one per restricted view of the input, to a classification or token head.
+On an unlabelled batch (one with `cvt_weight`) the model returns the
+primary head's predictions on the whole input, without dropout and
+without gradient (`cvt_teacher`), and each auxiliary head's on its view
+(`cvt_<view>`); losses.cvt_loss trains the views to match. The views
+(config.CVT_VIEWS): 'forward' / 'backward', an encoder's states with each
+token attending only to itself and the tokens before / after it (the paper's
+forward and backward LSTM states); for a token head also 'future' /
+'past', the forward state of the token before / backward state of the
+token after (each token's prediction without the token itself); and
+'mask', the states of the input with a random cvt_mask_rate of its tokens
+replaced by the mask token (any family). A sentence-level auxiliary head
+mean-pools its view, except 'mask', which pools as the primary head does.
 """
 
 import jax
@@ -137,6 +152,62 @@ def cove_features(
   return outputs
 
 
+# The views that read one direction of an encoder's attention.
+_FORWARD_VIEWS, _BACKWARD_VIEWS = ('forward', 'future'), ('backward', 'past')
+
+
+def check_cvt_views(views: tuple[str, ...], head: str, family: str) -> None:
+  """Raises ValueError unless each view can be built for this head and body."""
+  for view in views:
+    if view not in config_lib.CVT_VIEWS:
+      raise ValueError(
+        f'cvt.views: {view!r}; valid: {list(config_lib.CVT_VIEWS)}.'
+      )
+    if view in ('future', 'past') and head != 'token':
+      raise ValueError(
+        f"cvt.views: {view!r} predicts a token's tag without the token; "
+        f'it needs a token head, not {head!r}.'
+      )
+    if view != 'mask' and backbone_family(family) != 'encoder':
+      raise ValueError(
+        f'cvt.views: {view!r} restricts the attention of a bidirectional '
+        f'encoder (BERT, RoBERTa, ALBERT, ELECTRA); a {family!r} body has '
+        "only the 'mask' view."
+      )
+
+
+def default_cvt_views(head: str, family: str) -> tuple[str, ...]:
+  """The paper's views for tagging, or their sentence-level analogue."""
+  if backbone_family(family) != 'encoder':
+    return ('mask',)
+  if head == 'token':
+    return ('forward', 'backward', 'future', 'past')
+  return ('forward', 'backward', 'mask')
+
+
+def shift(x_BLD: Array, offset: int) -> Array:
+  """x at position t + offset (zeros past either end): future is -1."""
+  zeros = jnp.zeros_like(x_BLD[:, : abs(offset)])
+  if offset < 0:
+    return jnp.concatenate([zeros, x_BLD[:, :offset]], axis=1)
+  return jnp.concatenate([x_BLD[:, offset:], zeros], axis=1)
+
+
+def mask_tokens(
+  rng: Array, rows: dict[str, Array], rate: float, mask_id: int, keep_ids
+) -> dict[str, Array]:
+  """`rows` with each real token outside keep_ids replaced by mask_id with
+  probability `rate`."""
+  ids_BL = rows['input_ids']
+  candidate = rows['input_mask'] > 0
+  for i in keep_ids:
+    candidate = jnp.logical_and(candidate, ids_BL != i)
+  hit = jnp.logical_and(
+    candidate, jax.random.bernoulli(rng, rate, ids_BL.shape)
+  )
+  return dict(rows, input_ids=jnp.where(hit, mask_id, ids_BL))
+
+
 def pool(x_BLD: Array, mask_BL: Array, pooling: str) -> Array:
   """One vector per row: [CLS], the last real token, or mean/max of real."""
   m_BL1 = mask_BL[..., None].astype(x_BLD.dtype)
@@ -221,6 +292,13 @@ class FinetuneModel(nn.Module):
   # cove_embeddings.
   cove: bool = False
   cove_embeddings: bool = True
+  # Cross-view training: the auxiliary heads' views (config.CVT_VIEWS),
+  # the mask view's rate and token, and the ids it never masks ([CLS],
+  # [SEP]).
+  cvt_views: tuple[str, ...] = ()
+  cvt_mask_rate: float = 0.15
+  cvt_mask_id: int = 0
+  cvt_keep_ids: tuple[int, ...] = ()
 
   def __post_init__(self):
     # Checked as the model is built, before anything compiles.
@@ -235,6 +313,18 @@ class FinetuneModel(nn.Module):
         'head.cove feeds a classification, span or token head; a text '
         "generating one (head 'lm', head.text_to_text) needs the decoder."
       )
+    if self.cvt_views:
+      if self.head not in ('classification', 'token'):
+        raise ValueError(
+          'Cross-view training (cvt) serves classification and token '
+          f'heads, not {self.head!r}.'
+        )
+      if self.label_sequences or self.siamese or self.cove:
+        raise ValueError(
+          'Cross-view training (cvt) needs a plain classification or token '
+          'head: not with head.text_to_text, head.siamese or head.cove.'
+        )
+      check_cvt_views(self.cvt_views, self.head, self.cfg.family)
     super().__post_init__()
 
   @nn.compact
@@ -265,11 +355,17 @@ class FinetuneModel(nn.Module):
     if self.scalar_mix:
       mix = ScalarMix(self.mix_layer_norm, name='scalar_mix')
 
-    def encode(rows):
+    def encode(rows, deterministic=deterministic, direction='both'):
       """The states the head reads [B, L, D], and the body's outputs."""
       frozen = deterministic or self.freeze_backbone
       if self.cove:
         outputs = cove_features(body, rows, deterministic=frozen)
+      elif direction != 'both':  # an encoder's restricted view (CVT)
+        outputs = body(
+          backbone_inputs(rows, family),
+          deterministic=frozen,
+          direction=direction,
+        )
       else:
         outputs = body(backbone_inputs(rows, family), deterministic=frozen)
       if self.freeze_backbone:
@@ -284,9 +380,9 @@ class FinetuneModel(nn.Module):
         h_BLD = jnp.concatenate([outputs['embeddings'], h_BLD], axis=-1)
       return nn.with_logical_constraint(h_BLD, layers.BLD), outputs
 
-    def sentence(rows):
+    def sentence(rows, deterministic=deterministic):
       """One vector per row, as `pooling` says."""
-      h_BLD, outputs = encode(rows)
+      h_BLD, outputs = encode(rows, deterministic)
       pooling = resolve_pooling(
         self.pooling,
         family,
@@ -311,27 +407,81 @@ class FinetuneModel(nn.Module):
         'logits': self._dense('classifier', x_BF, x_BF.shape[-1], 'BD,DC->BC')
       }
 
-    if self.head in ('classification', 'regression'):
-      x_BD = drop(sentence(batch), deterministic=deterministic)
-      logits_BC = self._dense('classifier', x_BD, x_BD.shape[-1], 'BD,DC->BC')
-      if self.head == 'regression':
-        return {'logits': logits_BC[:, 0]}
-      return {'logits': logits_BC}
+    def primary(rows, deterministic=deterministic):
+      """The task head's outputs on rows."""
+      if self.head in ('classification', 'regression'):
+        x_BD = drop(sentence(rows, deterministic), deterministic=deterministic)
+        logits_BC = self._dense('classifier', x_BD, x_BD.shape[-1], 'BD,DC->BC')
+        if self.head == 'regression':
+          return {'logits': logits_BC[:, 0]}
+        return {'logits': logits_BC}
 
-    h_BLD, _ = encode(batch)
+      h_BLD, _ = encode(rows, deterministic)
+      mask_BL = rows['input_mask']
+      D = h_BLD.shape[-1]  # 2 x emb_dim for a biLM, D + E for CoVe
+      if self.head == 'span':
+        # No dropout before BERT's SQuAD output layer.
+        logits_BLC = self._dense('span', h_BLD, D, 'BLD,DC->BLC', classes=2)
+        logits_BLC = jnp.where(mask_BL[..., None] > 0, logits_BLC, MASKED_LOGIT)
+        return {
+          'start_logits': logits_BLC[..., 0],
+          'end_logits': logits_BLC[..., 1],
+        }
+      h_BLD = drop(h_BLD, deterministic=deterministic)
+      return {'token_logits': self._dense('token', h_BLD, D, 'BLD,DC->BLC')}
+
+    if self.cvt_views and ('cvt_weight' in batch or self.is_initializing()):
+      return self._cross_views(
+        batch, deterministic, primary, encode, sentence, drop
+      )
+    return primary(batch)
+
+  def _cross_views(
+    self, batch, deterministic, primary, encode, sentence, drop
+  ) -> dict:
+    """CVT's outputs on an unlabelled batch: the primary head's fixed
+    predictions (cvt_teacher) and each view's auxiliary head's (cvt_<view>).
+
+    The teacher runs without dropout; the views with the run's dropout.
+    """
+    (teacher,) = primary(batch, deterministic=True).values()
+    outputs = {'cvt_teacher': jax.lax.stop_gradient(teacher)}
+    training = not (deterministic or self.is_initializing())
     mask_BL = batch['input_mask']
-    D = h_BLD.shape[-1]  # 2 x emb_dim for a biLM, D + E for CoVe
-    if self.head == 'span':
-      # No dropout before BERT's SQuAD output layer.
-      logits_BLC = self._dense('span', h_BLD, D, 'BLD,DC->BLC', classes=2)
-      logits_BLC = jnp.where(mask_BL[..., None] > 0, logits_BLC, MASKED_LOGIT)
-      return {
-        'start_logits': logits_BLC[..., 0],
-        'end_logits': logits_BLC[..., 1],
-      }
+    states = {}  # a direction's states, shared by its two token views
 
-    h_BLD = drop(h_BLD, deterministic=deterministic)
-    return {'token_logits': self._dense('token', h_BLD, D, 'BLD,DC->BLC')}
+    def view_states(direction):
+      if direction not in states:
+        states[direction], _ = encode(batch, direction=direction)
+      return states[direction]
+
+    for view in self.cvt_views:
+      if view == 'mask':
+        rows = batch
+        if training:
+          rows = mask_tokens(
+            self.make_rng('dropout'),
+            batch,
+            self.cvt_mask_rate,
+            self.cvt_mask_id,
+            self.cvt_keep_ids,
+          )
+        if self.head == 'classification':
+          x = sentence(rows)
+        else:
+          x, _ = encode(rows)
+      else:
+        x = view_states('forward' if view in _FORWARD_VIEWS else 'backward')
+        if view in ('future', 'past'):
+          x = shift(x, -1 if view == 'future' else 1)
+        if self.head == 'classification':
+          x = pool(x, mask_BL, 'mean')
+      x = drop(x, deterministic=not training)
+      equation = 'BD,DC->BC' if x.ndim == 2 else 'BLD,DC->BLC'
+      outputs[f'cvt_{view}'] = self._dense(
+        f'cvt_{view}', x, x.shape[-1], equation
+      )
+    return outputs
 
   def _score_labels(self, body, batch, deterministic: bool) -> Array:
     """[B, C]: log p(label word c | row), teacher-forced per class."""

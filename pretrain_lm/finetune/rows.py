@@ -11,6 +11,8 @@ import dataclasses
 import ml_collections
 import numpy as np
 
+from pretrain_lm import configlib
+from pretrain_lm.data import sources
 from pretrain_lm.data import tokenizer as tokenizer_lib
 from pretrain_lm.finetune import TASKS, inputs
 from pretrain_lm.finetune import model as model_lib
@@ -188,3 +190,65 @@ def read_split(
   if not examples:
     raise ValueError(f'task {tc.name}: split {split!r} is empty.')
   return Split(examples, featurize(config, examples, tokenizer, family))
+
+
+def unlabeled_examples(config: ml_collections.ConfigDict) -> list[dict]:
+  """Cross-view training's unlabelled examples (cvt.unlabeled).
+
+  'train': the task's training examples after its first
+  task.max_train_examples (the labelled ones). Else the documents of a
+  data.source string, each made an example by the task's
+  `unlabeled_example`. At most cvt.max_unlabeled_examples, in order.
+  """
+  cvt, tc = config.cvt, config.task
+  task = TASKS[tc.name]
+  limit = cvt.max_unlabeled_examples or None
+  if cvt.unlabeled == 'train':
+    examples = task.read(tc, 'train')[tc.max_train_examples :][:limit]
+    if not examples:
+      raise ValueError(
+        f"cvt.unlabeled='train': task {tc.name}'s training split has no "
+        f'examples after the first task.max_train_examples='
+        f'{tc.max_train_examples}.'
+      )
+    return examples
+  if not hasattr(task, 'unlabeled_example'):
+    raise ValueError(
+      f'cvt.unlabeled={cvt.unlabeled!r}: task {tc.name} cannot make '
+      "examples of plain text; use cvt.unlabeled='train'."
+    )
+  data = configlib.base_config().data
+  # Every document is read; none is held out for evaluation.
+  data.source = data.eval_source = cvt.unlabeled
+  data.doc_format = cvt.doc_format
+  docs = sources.documents(
+    data, split='train', process_index=0, process_count=1
+  )
+  if limit:
+    docs = docs.take(limit)
+  examples = [
+    task.unlabeled_example(doc.decode('utf-8'), tc, i)
+    for i, doc in enumerate(docs.as_numpy_iterator())
+  ]
+  if not examples:
+    raise ValueError(f'cvt.unlabeled={cvt.unlabeled!r} holds no documents.')
+  return examples
+
+
+def unlabeled_split(
+  config: ml_collections.ConfigDict,
+  tokenizer: tokenizer_lib.Tokenizer,
+  family: str,
+  head: str,
+) -> Split:
+  """The unlabelled examples as model rows whose only target is
+  `cvt_weight`: 1 per row for a sentence-level head, 1 on each word's first
+  sub-token for a token head (where a tag would be read)."""
+  examples = unlabeled_examples(config)
+  features = featurize(config, examples, tokenizer, family)
+  rows = {k: v for k, v in features.items() if k in INPUT_KEYS}
+  if head == 'token':
+    rows['cvt_weight'] = (features['token_labels'] >= 0).astype(np.float32)
+  else:
+    rows['cvt_weight'] = np.ones(len(features['input_ids']), np.float32)
+  return Split(examples, rows)

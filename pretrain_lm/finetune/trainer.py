@@ -163,6 +163,21 @@ def build_model(
       'head.siamese embeds sentence pairs for a classification or '
       f'regression head, not {head} (and not with head.text_to_text).'
     )
+  cvt = {}
+  if config.get('cvt') and config.cvt.unlabeled:
+    cvt = dict(
+      cvt_views=config_lib.cvt_views(config)
+      or model_lib.default_cvt_views(head, model_config.family),
+      cvt_mask_rate=config.cvt.mask_rate,
+      cvt_mask_id=tokenizer.mask_id
+      if tokenizer.mask_id >= 0
+      else tokenizer.unk_id,
+      cvt_keep_ids=tuple(
+        i
+        for i in (tokenizer.cls_id, tokenizer.sep_id, tokenizer.pad_id)
+        if i >= 0
+      ),
+    )
   return model_lib.FinetuneModel(
     model_config,
     head=head,
@@ -176,6 +191,7 @@ def build_model(
     siamese=config.head.siamese,
     cove=config.head.cove,
     cove_embeddings=config.head.cove_embeddings,
+    **cvt,
   )
 
 
@@ -284,24 +300,44 @@ class Trainer:
       )
       for name in rows_lib.task_eval_splits(self.task, c.task)
     }
+    # Cross-view training: odd steps read unlabelled rows.
+    self.cvt = bool(c.cvt.unlabeled)
+    self.unlabeled = None
+    self._orders = {}  # stream -> (epoch, its row order): train_batch
+    if self.cvt:
+      self.unlabeled = rows_lib.unlabeled_split(
+        c, self.tokenizer, family, self.head
+      )
 
     self.mesh = mesh or sharding.make_mesh(c.mesh)
     self.compiler_options = train.compiler_options(c, self.mesh)
     shards = self.mesh.shape['data'] * self.mesh.shape['fsdp']
     self.batch_size = c.train.batch_size
     self.eval_batch_size = c.train.eval_batch_size or c.train.batch_size
-    for name in ('batch_size', 'eval_batch_size'):
-      size = getattr(self, name)
+    self.unlabeled_batch_size = c.cvt.batch_size or c.train.batch_size
+    for field, size in (
+      ('train.batch_size', self.batch_size),
+      ('train.eval_batch_size', self.eval_batch_size),
+      ('cvt.batch_size', self.unlabeled_batch_size),
+    ):
       if size % shards or size % jax.process_count():
         raise ValueError(
-          f'train.{name}={size} must be a multiple of the {shards} '
+          f'{field}={size} must be a multiple of the {shards} '
           'batch shards (mesh data x fsdp) and of the process count.'
         )
-    self.steps_per_epoch = self.train_split.num_rows // self.batch_size
-    if not self.steps_per_epoch:
+    # Labelled batches per epoch; with cross-view training each is
+    # followed by an unlabelled one, and an epoch has twice the steps.
+    self.batches_per_epoch = self.train_split.num_rows // self.batch_size
+    if not self.batches_per_epoch:
       raise ValueError(
         f'{self.train_split.num_rows} training rows make no batch of '
         f'train.batch_size={self.batch_size}.'
+      )
+    self.steps_per_epoch = self.batches_per_epoch * (2 if self.cvt else 1)
+    if self.cvt and self.unlabeled.num_rows < self.unlabeled_batch_size:
+      raise ValueError(
+        f'cvt.unlabeled={c.cvt.unlabeled!r}: {self.unlabeled.num_rows} '
+        f'unlabelled rows make no batch of {self.unlabeled_batch_size}.'
       )
     self.num_steps = c.train.max_steps or (
       c.train.num_epochs * self.steps_per_epoch
@@ -609,17 +645,25 @@ class Trainer:
     """This host's rows of step `step`: a fresh shuffle every epoch.
 
     The order depends only on (seed, epoch), so a resumed run continues
-    mid-epoch with exactly the rows it would have seen.
+    mid-epoch with exactly the rows it would have seen. With cross-view
+    training, even steps take the labelled batches in that order and odd
+    steps unlabelled ones, shuffled the same way over their own epochs.
     """
-    epoch, index = divmod(step, self.steps_per_epoch)
-    if getattr(self, '_epoch', None) != epoch:
-      rng = np.random.default_rng([self.config.train.seed, epoch])
-      self._order = rng.permutation(self.train_split.num_rows)
-      self._epoch = epoch
-    B = self.batch_size
-    rows = _host_rows(self._order[index * B : (index + 1) * B])
-    features = self.train_split.features
-    return {k: features[k][rows] for k in self.train_keys}
+    split, keys, B = self.train_split, self.train_keys, self.batch_size
+    stream = 0
+    if self.cvt:
+      step, stream = divmod(step, 2)
+      if stream:
+        split, B = self.unlabeled, self.unlabeled_batch_size
+        keys = tuple(split.features)
+    epoch, index = divmod(step, split.num_rows // B)
+    if self._orders.get(stream, (None,))[0] != epoch:
+      # The labelled rows keep the order they have without CVT.
+      seed = [self.config.train.seed, epoch] + [stream] * stream
+      order = np.random.default_rng(seed).permutation(split.num_rows)
+      self._orders[stream] = (epoch, order)
+    rows = _host_rows(self._orders[stream][1][index * B : (index + 1) * B])
+    return {k: split.features[k][rows] for k in keys}
 
   def _is_due(self, every: int, step: int) -> bool:
     """Every `every` steps, or at each epoch's end when it is 0."""
@@ -643,10 +687,16 @@ class Trainer:
       wandb_entity=c.train.wandb_entity,
       config=c.to_dict(),
     )
+    unlabeled = ''
+    if self.cvt:
+      unlabeled = (
+        f' and {self.unlabeled.num_rows} unlabelled (cross-view training, '
+        f'views {", ".join(self.model.cvt_views)})'
+      )
     writer.print(
       f'{c.task.name} ({self.head}): {self.train_split.num_rows} training '
-      f'rows, {self.steps_per_epoch} steps per epoch, {self.num_steps} '
-      'steps.'
+      f'rows{unlabeled}, {self.steps_per_epoch} steps per epoch, '
+      f'{self.num_steps} steps.'
     )
     if start:
       writer.print(f'Resumed from {self.checkpointer.directory} at {start}.')
@@ -681,7 +731,12 @@ class Trainer:
         window.append(jax.device_get(pending))
         pending = None
         now = time.perf_counter()
-        logged = {k: float(np.mean([m[k] for m in window])) for k in window[0]}
+        # Each metric over the steps that report it (cross-view training's
+        # unlabelled steps report their own).
+        keys = dict.fromkeys(k for m in window for k in m)
+        logged = {
+          k: float(np.mean([m[k] for m in window if k in m])) for k in keys
+        }
         logged['examples_per_s'] = (
           (step - last_step) * self.batch_size / (now - last_time)
         )

@@ -45,6 +45,10 @@ class EncoderModel(nn.Module):
   the last layer only where the heads read it: the P predicted positions,
   and [CLS] when the batch has `sentence_labels` (transformer.Stack). Its
   outputs then have no `hidden`, and `pooled` only with sentence labels.
+
+  `direction` 'forward' / 'backward' lets each token attend only to itself
+  and the tokens before / after it (cross-view training's restricted
+  views, pretrain_lm.finetune.model).
   """
 
   cfg: ModelConfig
@@ -67,7 +71,13 @@ class EncoderModel(nn.Module):
       self.sentence_head = heads.SentenceHead(cfg)
     self.mlm_head = heads.MlmHead(cfg)
 
-  def __call__(self, batch: dict[str, Array], *, deterministic: bool):
+  def __call__(
+    self,
+    batch: dict[str, Array],
+    *,
+    deterministic: bool,
+    direction: str = 'both',
+  ):
     cfg = self.cfg
     predicted_BP = batch.get('masked_positions')
     sentence_task = cfg.pooler and 'sentence_labels' in batch
@@ -82,6 +92,7 @@ class EncoderModel(nn.Module):
       type_ids_BL=batch.get('token_type_ids'),
       deterministic=deterministic,
       output_positions_BP=read_BP,
+      direction=direction,
       **stack_inputs(batch, pad_id=cfg.pad_id),
     )
     outputs = {}

@@ -148,21 +148,38 @@ class TransformerLayer(nn.Module):
     return self.causal and plain and not self.decode
 
 
+# What each query of a bidirectional stack's self-attention may see:
+# every key of its segment, or (restricted views, as cross-view training's
+# auxiliary modules read them) only those at or before it, or at or after.
+DIRECTIONS = ('both', 'forward', 'backward')
+
+
 def attention_mask(
   q_segments_BL: Array,
   k_segments_BS: Array,
   causal: bool,
   prefix_BL: Array | None = None,
+  direction: str = 'both',
 ) -> Array:
   """[B, 1, L, S]: same packed segment, real key (segment > 0), causal.
 
   With `prefix_BL` (self-attention, L == S), tokens marked nonzero also see
   each other bidirectionally: a prefix LM's mask (T5's 'prefix_lm', UniLM).
+  `direction` 'forward' / 'backward' (self-attention of a non-causal
+  stack) keeps the keys at or before / at or after each query.
   """
+  if direction not in DIRECTIONS:
+    raise ValueError(f'direction={direction!r}; valid: {list(DIRECTIONS)}.')
+  if direction != 'both' and causal:
+    raise ValueError(f'direction={direction!r} restricts a non-causal stack.')
   mask = q_segments_BL[:, :, None] == k_segments_BS[:, None, :]
   mask = jnp.logical_and(mask, (k_segments_BS != 0)[:, None, :])
+  L, S = q_segments_BL.shape[1], k_segments_BS.shape[1]
+  if direction != 'both':
+    ones = jnp.ones((L, S), bool)
+    visible = jnp.tril(ones) if direction == 'forward' else jnp.triu(ones)
+    mask = jnp.logical_and(mask, visible[None])
   if causal:
-    L, S = q_segments_BL.shape[1], k_segments_BS.shape[1]
     visible = jnp.tril(jnp.ones((L, S), bool))[None]
     if prefix_BL is not None:
       prefix = prefix_BL.astype(bool)
@@ -187,6 +204,9 @@ class Stack(nn.Module):
   to the keys and values of all L: exactly the gathered full output, for
   roughly P/L of that layer's cost. Unrolled, shared (ALBERT) and scanned
   stacks all do (see _layers).
+
+  `direction` restricts a non-causal stack's self-attention to the keys on
+  one side of each query (attention_mask).
   """
 
   cfg: ModelConfig
@@ -210,6 +230,7 @@ class Stack(nn.Module):
     encoder_segment_ids_BS: Array | None = None,
     prefix_BL: Array | None = None,
     output_positions_BP: Array | None = None,
+    direction: str = 'both',
   ) -> Array | tuple[Array, Array]:
     cfg = self.cfg
     L = ids_BL.shape[1]
@@ -242,7 +263,7 @@ class Stack(nn.Module):
       'mask': None
       if self.decode
       else attention_mask(
-        segment_ids_BL, segment_ids_BL, self.causal, prefix_BL
+        segment_ids_BL, segment_ids_BL, self.causal, prefix_BL, direction
       ),
       'positions': positions_BL,
       'rel_table': None,
