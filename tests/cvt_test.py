@@ -6,6 +6,7 @@ import os
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from conftest import REPO, load_config, read_metrics
 from flax import linen as nn
@@ -14,6 +15,7 @@ from pretrain_lm import sharding
 from pretrain_lm.finetune import config as config_lib
 from pretrain_lm.finetune import losses, trainer
 from pretrain_lm.finetune import model as model_lib
+from pretrain_lm.finetune import optimizer as ft_optimizer
 from pretrain_lm.models import ModelConfig, encoder, transformer
 
 
@@ -370,3 +372,28 @@ def test_unlabelled_text_from_a_source_feeds_a_tagger(bert, tmp_path):
   cvt = [r for r in read_metrics(tmp_path / 'run') if 'cvt_loss' in r]
   assert cvt and all(math.isfinite(r['cvt_loss']) for r in cvt)
   assert {'cvt_future_kl', 'cvt_past_kl'} <= set(cvt[0])
+
+
+def test_a_step_leaves_what_its_loss_does_not_reach_untouched():
+  params = {'head': jnp.ones(3), 'aux': jnp.ones(2)}
+  tx = optax.adamw(0.1, weight_decay=0.5)
+  skipping = ft_optimizer.skip_unreached(tx)
+  state = skipping.init(params)
+  grads = {'head': jnp.asarray([1.0, -2.0, 0.5]), 'aux': jnp.zeros(2)}
+  updates, new_state = skipping.update(grads, state, params)
+  # The reached param moves exactly as AdamW moves it ...
+  plain, plain_state = tx.update(grads, tx.init(params), params)
+  np.testing.assert_array_equal(updates['head'], plain['head'])
+  np.testing.assert_array_equal(
+    new_state[0].mu['head'], plain_state[0].mu['head']
+  )
+  # ... the other keeps its value (no decay) and its moments.
+  assert np.asarray(plain['aux']).all()  # AdamW alone would decay it
+  np.testing.assert_array_equal(updates['aux'], np.zeros(2))
+  np.testing.assert_array_equal(new_state[0].mu['aux'], state[0].mu['aux'])
+  np.testing.assert_array_equal(new_state[0].nu['aux'], state[0].nu['aux'])
+  # A later step that reaches it does not see momentum from the first.
+  grads2 = {'head': jnp.zeros(3), 'aux': jnp.asarray([1.0, 1.0])}
+  _, state2 = skipping.update(grads2, new_state, params)
+  np.testing.assert_array_equal(state2[0].mu['head'], new_state[0].mu['head'])
+  np.testing.assert_allclose(state2[0].mu['aux'], 0.1 * np.ones(2), rtol=1e-6)

@@ -177,6 +177,42 @@ def freeze_layers(
   return scale_by_layer(factor)
 
 
+def skip_unreached(
+  inner: optax.GradientTransformation,
+) -> optax.GradientTransformation:
+  """`inner`, except that a param whose gradient is exactly zero keeps its
+  value and its optimizer state (AdamW's moments; no decay).
+
+  Cross-view training's steps each reach part of the params: a labelled
+  batch the task head, an unlabelled one the auxiliary heads (the body
+  both). Without this, AdamW's momentum would keep moving the heads a
+  step did not train, and its decay shrink them; with it, each kind of
+  step updates what its loss reaches, as one optimizer op per loss does
+  in the paper's TensorFlow code.
+  """
+
+  def update(grads, state, params=None):
+    updates, new_state = inner.update(grads, state, params)
+    reached = jax.tree.map(lambda g: jnp.any(g != 0), grads)
+    updates = jax.tree.map(
+      lambda u, r: jnp.where(r, u, jnp.zeros_like(u)), updates, reached
+    )
+    shape = jax.tree.structure(grads)
+
+    def param_shaped(x) -> bool:  # AdamW's mu and nu mirror the params
+      return jax.tree.structure(x) == shape
+
+    def keep(new, old):
+      if not param_shaped(new):  # counts, masked states: the new ones
+        return new
+      return jax.tree.map(lambda n, o, r: jnp.where(r, n, o), new, old, reached)
+
+    new_state = jax.tree.map(keep, new_state, state, is_leaf=param_shaped)
+    return updates, new_state
+
+  return optax.GradientTransformation(inner.init, update)
+
+
 def make_optimizer(
   opt: ml_collections.ConfigDict,
   num_steps: int,
@@ -184,8 +220,12 @@ def make_optimizer(
   *,
   unfreeze_every: int = 0,
   freeze_backbone: bool = False,
+  skip_unreached_params: bool = False,
 ):
-  """AdamW with clipping and ULMFiT's options; returns (tx, schedule)."""
+  """AdamW with clipping and ULMFiT's options; returns (tx, schedule).
+
+  skip_unreached_params: see skip_unreached (cross-view training).
+  """
   schedule = learning_rate_schedule(opt, num_steps)
   chain = train.adamw_chain(opt, schedule)
   # Scaling AdamW's final update scales its learning rate, decay included.
@@ -193,4 +233,7 @@ def make_optimizer(
     chain.append(discriminative_lr(cfg, opt.layer_lr_decay))
   if unfreeze_every or freeze_backbone:
     chain.append(freeze_layers(cfg, unfreeze_every, freeze_backbone))
-  return optax.chain(*chain), schedule
+  tx = optax.chain(*chain)
+  if skip_unreached_params:
+    tx = skip_unreached(tx)
+  return tx, schedule

@@ -367,6 +367,7 @@ class Trainer:
       self.model_config,
       unfreeze_every=unfreeze_every,
       freeze_backbone=c.head.freeze_backbone,
+      skip_unreached_params=self.cvt,
     )
     if self.distill:
       self._add_teacher_outputs()
