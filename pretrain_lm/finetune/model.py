@@ -152,8 +152,9 @@ def cove_features(
   return outputs
 
 
-# The views that read one direction of an encoder's attention.
-_FORWARD_VIEWS, _BACKWARD_VIEWS = ('forward', 'future'), ('backward', 'past')
+# The views that read an encoder's forward-only attention (the others of
+# 'forward' to 'past' read its backward-only attention).
+_FORWARD_VIEWS = ('forward', 'future')
 
 
 def check_cvt_views(views: tuple[str, ...], head: str, family: str) -> None:
