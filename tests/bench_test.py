@@ -5,7 +5,6 @@ import dataclasses
 import glob
 import gzip
 import importlib
-import importlib.util
 import inspect
 import json
 import os
@@ -15,9 +14,7 @@ import subprocess
 import sys
 
 import jax
-import jax.numpy as jnp
 import numpy as np
-import optax
 import pytest
 from conftest import NO_YNNPACK, REPO, load_config, uses_ynnpack
 
@@ -674,64 +671,6 @@ def test_xla_matmul_is_compiled_with_the_options_it_is_given(monkeypatch):
   assert peak.xla_matmul_flops('float32', (128,), 1) > 0
   assert peak.xla_matmul_flops('float32', (128,), 1, options) > 0
   assert compiled == [True, False]
-
-
-def _optimizer_tail():
-  path = os.path.join(REPO, 'experiments', 'benchmarks', 'optimizer_tail.py')
-  spec = importlib.util.spec_from_file_location('optimizer_tail', path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
-
-
-def test_hand_written_adamw_is_the_trainers_update():
-  # optimizer_tail.py times these against train.apply_gradients; that
-  # comparison means something only if they compute the same step.
-  opt = load_config('bert', 'size=tiny').optimizer
-  tx, schedule = train.make_optimizer(opt, num_steps=1000)
-  found = _optimizer_tail().variants(opt, schedule)
-  keys = iter(jax.random.split(jax.random.key(0), 16))
-  params = {
-    'kernel': jax.random.normal(next(keys), (24, 8)),
-    'bias': jax.random.normal(next(keys), (8,)),
-  }
-  state = optax.tree_utils.tree_set(tx.init(params), count=jnp.int32(100))
-  states = dict.fromkeys(found, (params, state))
-  # Small gradients, ones the clipping scales, a step skipped for a NaN.
-  for scale, skip in ((1e-2, False), (10.0, False), (np.nan, True)):
-    grads = jax.tree.map(
-      lambda p, scale=scale: scale * jax.random.normal(next(keys), p.shape),
-      params,
-    )
-    want = train.apply_gradients(tx, *states['optax'], grads, 1.0)
-    assert bool(want[2]) is not skip
-    # The parameters' steps (a step is ~1e-3 of a weight) and the state.
-    want_step = jax.tree.map(jnp.subtract, want[0], states['optax'][0])
-    for name, f in found.items():
-      before = states[name][0]
-      got = jax.jit(f, static_argnums=0)(tx, *states[name], grads, 1.0)
-      assert bool(got[2]) is not skip, name
-      np.testing.assert_allclose(got[3], want[3], rtol=1e-6)
-      for g, w in zip(
-        jax.tree.leaves((jax.tree.map(jnp.subtract, got[0], before), got[1])),
-        jax.tree.leaves((want_step, want[1])),
-        strict=True,
-      ):
-        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-9, err_msg=name)
-      states[name] = got[:2]
-  for name, (_, state) in states.items():  # the skipped step not counted
-    counts = optax.tree_utils.tree_get_all_with_path(state, 'count')
-    assert [int(c) for _, c in counts] == [102, 102], name
-  # Only the update is not finite (eps 0 over a zero second moment):
-  # every variant but grads_only skips the step.
-  opt.eps = 0.0
-  tx, schedule = train.make_optimizer(opt, num_steps=1000)
-  found = _optimizer_tail().variants(opt, schedule)
-  fresh = optax.tree_utils.tree_set(tx.init(params), count=jnp.int32(100))
-  zeros = jax.tree.map(jnp.zeros_like, params)
-  for name, f in found.items():
-    finite = f(tx, params, fresh, zeros, 1.0)[2]
-    assert bool(finite) is (name == 'grads_only'), name
 
 
 def test_experiment_scripts_name_only_what_the_package_has():
