@@ -28,30 +28,22 @@ $(VENV)/.test-installed: $(VENV)/.installed
 	$(COMPILE)
 	touch $@
 
-# The benchmarks' peer (pretrain_lm/bench/peer.py) needs transformers 4.x,
-# the last with Flax: it goes into its own directory, outside site-packages.
-$(VENV)/peer/.installed: $(VENV)/.test-installed pretrain_lm/bench/__init__.py
-	rm -rf $(VENV)/peer
-	$(PY) -m pip install --quiet --no-deps --target $(VENV)/peer \
-	    $$($(PY) -c 'import pretrain_lm.bench as b; print(*b.PEER_PACKAGES)')
-	touch $@
-
 quickstart: $(VENV)/.installed
 	$(PY) -m pretrain_lm.main --config=configs/bert.py:size=tiny --workdir=workdirs/quickstart
 
 # Two workers: the suite is mostly XLA compiles, which use one core each.
-test: $(VENV)/.test-installed $(VENV)/peer/.installed
+test: $(VENV)/.test-installed
 	$(PY) -m pytest -q -n 2
 
 # Includes tests marked `slow`.
-test-all: $(VENV)/.test-installed $(VENV)/peer/.installed
+test-all: $(VENV)/.test-installed
 	$(PY) -m pytest -q -n 2 -m ''
 
 # The default benchmarks (a few minutes on a laptop CPU): BERT-small's train
-# step against the peer, its input pipeline, and GPT-2 small's decoding.
-# Result tables and commands for every model: experiments/benchmarks.
+# step, its input pipeline, and GPT-2 small's decoding. Result tables, peer
+# comparisons and commands for every model: experiments/benchmarks.
 BENCH := $(PY) -m pretrain_lm.bench
-bench: $(VENV)/.test-installed $(VENV)/peer/.installed
+bench: $(VENV)/.installed
 	$(BENCH) --config=configs/bert.py:size=small
 	$(BENCH) --config=configs/bert.py:size=small --what=pipeline
 	$(BENCH) --config=configs/gpt.py:size=small --what=decode --repeats=1

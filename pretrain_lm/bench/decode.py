@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import ml_collections
 from flax import linen as nn
 
-from pretrain_lm.bench import peak
+from pretrain_lm.bench import timing
 from pretrain_lm.models import decoder
 from pretrain_lm.models.config import ModelConfig
 
@@ -81,10 +81,10 @@ def bench_decode(
     forward_c = next_token_logits.lower(params, ids).compile()
     compile_s = time.perf_counter() - start
     cached_s = statistics.median(
-      peak.call_seconds(generate_c, params, prompt, repeats=repeats, warmup=0)
+      timing.call_seconds(generate_c, params, prompt, repeats=repeats, warmup=0)
     )
     full_s = statistics.median(
-      peak.call_seconds(forward_c, params, ids, repeats=repeats, warmup=0)
+      timing.call_seconds(forward_c, params, ids, repeats=repeats, warmup=0)
     )
     per_token_s = cached_s / (length - 1)
     out[f'batch{B}'] = {

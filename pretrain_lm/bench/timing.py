@@ -1,7 +1,8 @@
-"""Step timing shared by the bench, its peer and run_exported: jax only.
+"""Step timing and the figures that follow from it; jax only.
 
-run_exported imports this on machines without our input stack, so nothing
-here may import TensorFlow or ml_collections.
+The GPU scripts in experiments/benchmarks/gpu/ import this on machines
+without our input stack, so nothing here may import TensorFlow or
+ml_collections.
 """
 
 import dataclasses
@@ -32,13 +33,7 @@ def compile_run(jitted: Any, state: Any, batch: Any) -> Run:
   return Run(compiled, state, batch, time.perf_counter() - start)
 
 
-def time_in_turn(
-  runs: Sequence[Run],
-  *,
-  steps: int,
-  warmup: int,
-  each_round: Callable[[], object] | None = None,
-) -> None:
+def time_in_turn(runs: Sequence[Run], *, steps: int, warmup: int) -> None:
   """Runs warmup + steps rounds of one step of each run, timing the last.
 
   Every other round goes in reverse order. On a machine whose speed drifts
@@ -50,8 +45,7 @@ def time_in_turn(
   which the training loop hides by running a step ahead, is included.
   Updates each run's state, metrics (the last step's) and times. Steps
   whose metrics count a skipped (non-finite) update are not real steps:
-  they raise. `each_round`, if given, is called after every round, warm-up
-  ones included (the bench times its CPU matmul probe there).
+  they raise.
   """
   for i in range(warmup + steps):
     for run in runs if i % 2 == 0 else runs[::-1]:
@@ -60,8 +54,6 @@ def time_in_turn(
       jax.block_until_ready((run.state, run.metrics))
       if i >= warmup:
         run.times.append(time.perf_counter() - start)
-    if each_round is not None:
-      each_round()
   for run in runs:
     skipped = int(run.metrics.get('skipped_total', 0))
     if skipped:
@@ -84,12 +76,30 @@ def time_pipelined(run: Run, *, steps: int) -> float:
   return (time.perf_counter() - start) / steps
 
 
+def call_seconds(
+  fn: Callable[..., object], *args, repeats: int, warmup: int = 1
+) -> list[float]:
+  """Wall times of `repeats` calls of `fn(*args)`, each waited for, after
+  `warmup` untimed ones (the first compiles a jitted function)."""
+  times = []
+  for i in range(warmup + repeats):
+    start = time.perf_counter()
+    jax.block_until_ready(fn(*args))
+    if i >= warmup:
+      times.append(time.perf_counter() - start)
+  return times
+
+
 def step_figures(
-  times: list[float], tokens: int, flops: float
+  times: list[float], tokens: int, flops: float, peak_flops: float | None
 ) -> dict[str, float]:
-  """Median step time and what follows from it."""
+  """Median step time and what follows from it.
+
+  MFU is the model FLOPs a second the step achieves over `peak_flops`
+  (FLOP/s of all the devices the step runs on); left out without a peak.
+  """
   step_s = statistics.median(times)
-  return {
+  out = {
     'step_s': step_s,
     'step_s_min': min(times),
     'steps_timed': len(times),
@@ -97,14 +107,20 @@ def step_figures(
     'model_flops_per_token': flops / tokens,
     'achieved_tflops': flops / step_s / 1e12,
   }
+  if peak_flops:
+    out['peak_tflops'] = peak_flops / 1e12
+    out['mfu'] = flops / step_s / peak_flops
+  return out
 
 
-def run_figures(run: Run, tokens: int, flops: float) -> dict[str, float]:
-  """A timed run's compile and step times, throughput, XLA's FLOP count,
-  memory and last loss: what the bench, its peer and run_exported report."""
+def run_figures(
+  run: Run, tokens: int, flops: float, peak_flops: float | None
+) -> dict[str, float]:
+  """A timed run's compile and step times, throughput, MFU, XLA's FLOP
+  count, memory and last loss."""
   return {
     'compile_s': run.compile_s,
-    **step_figures(run.times, tokens, flops),
+    **step_figures(run.times, tokens, flops, peak_flops),
     'xla_flops_per_token': xla_flops(run.step) / tokens,
     'memory_gib': peak_memory_gib(run.step),
     'loss': float(run.metrics['loss']),

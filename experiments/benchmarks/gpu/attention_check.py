@@ -119,7 +119,8 @@ def reference(q, k, v, bias, mask):
 
 
 def export_cases(directory):
-  from pretrain_lm.bench import export  # noqa: PLC0415
+  import export  # noqa: PLC0415 (this directory's, beside the script)
+
   from pretrain_lm.models import layers  # noqa: PLC0415
 
   os.makedirs(directory, exist_ok=True)

@@ -9,8 +9,8 @@ BF16=(--config.model.dtype=bfloat16 --config.model.attention_dropout_rate=0)
 export_step() {  # NAME, then the export flags
   local name=$1
   shift
-  "$PY" -m pretrain_lm.bench.export --platform=cuda --out=".gpu_export/$name" \
-    "$@" 2>&1 | tail -1 | cut -c1-120
+  "$PY" experiments/benchmarks/gpu/export.py --platform=cuda \
+    --out=".gpu_export/$name" "$@" 2>&1 | tail -1 | cut -c1-120
 }
 BERT=(--config=configs/bert.py:size=base "${BF16[@]}" --batch_size=256)
 GPT=(--config=configs/gpt.py:size=small "${BF16[@]}" --batch_size=32)

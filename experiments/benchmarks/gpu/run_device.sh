@@ -1,5 +1,5 @@
 #!/bin/bash
-# Times train steps exported by `python -m pretrain_lm.bench.export` on a
+# Times train steps exported by experiments/benchmarks/gpu/export.py on a
 # GPU machine that has JAX but not our input stack; run from the
 # repository root: run_device.sh DIR... (experiments/benchmarks/README.md,
 # Train step: GPU, has the export commands and the results).
@@ -12,11 +12,14 @@
 # in its own process under a time limit (so one that fails or hangs leaves
 # the others' figures), loading its programs from the cache; the DIRs
 # named in $PROFILE (default: all) also get two profiled steps
-# (bench/profile.py).
+# (trace_summary.py).
 # The DIRs in $FLAGGED are compiled and timed a second time with
 # XLA_FLAGS=$FLAGGED_XLA_FLAGS (one change of XLA's own options).
 # Writes $OUT/machine.txt, compile.jsonl, gpu.jsonl and steps.log.
 export PYTHONUNBUFFERED=1
+# pretrain_lm from this checkout: the machine need not have it installed.
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+RUN_EXPORTED=experiments/benchmarks/gpu/run_exported.py
 export JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:-/tmp/jax_cache}
 export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0
 OUT=${OUT:-/tmp/gpu_out}
@@ -28,12 +31,9 @@ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm \
 python3 -c 'import jax, jaxlib; print("jax", jax.__version__, jax.devices())' \
   2>&1 | tee -a "$OUT/machine.txt"
 # The datasheet peak is what MFU is taken against; XLA's best bf16 matmul
-# on the same card (bench/peak.py: fastest of 5 calls) is context.
-python3 -c 'from pretrain_lm.bench import peak
-import os; n = int(os.environ.get("PEAK_SIZE", 8192))
-tflops = peak.xla_matmul_flops("bfloat16", sizes=(n,)) / 1e12
-print(f"XLA bf16 matmul {n}^3: {tflops:.0f} TFLOP/s (fastest of 5)")' \
-  2>&1 | quiet | tee -a "$OUT/machine.txt"
+# on the same card (matmul_peak.py: fastest of 5 calls) is context.
+python3 experiments/benchmarks/matmul_peak.py --dtype=bfloat16 --xla_only \
+  --sizes="${PEAK_SIZE:-8192}" 2>&1 | quiet | tee -a "$OUT/machine.txt"
 # Each entry: a DIR, and the XLA_FLAGS it runs under.
 entries=()
 for d in "$@"; do entries+=("$d|${XLA_FLAGS:-}"); done
@@ -43,7 +43,7 @@ i=0
 for e in "${entries[@]}"; do
   # No preallocation: each compiling process would take 75% of the card.
   XLA_FLAGS=${e#*|} XLA_PYTHON_CLIENT_PREALLOCATE=false \
-    timeout "${COMPILE_TIMEOUT:-240}" python3 -m pretrain_lm.bench.run_exported \
+    timeout "${COMPILE_TIMEOUT:-240}" python3 "$RUN_EXPORTED" \
     "${e%%|*}" --compile_only >>"$OUT/compile.jsonl" 2>"/tmp/compile_$i.err" &
   i=$((i + 1))
 done
@@ -61,8 +61,8 @@ for e in "${entries[@]}"; do
     flags=(--profile_dir="/tmp/profile")
   fi
   echo "== $e" | tee -a "$LOG"
-  XLA_FLAGS=${e#*|} timeout "${STEP_TIMEOUT:-150}" python3 -m \
-    pretrain_lm.bench.run_exported "$d" --steps=20 --warmup=3 "${flags[@]}" \
+  XLA_FLAGS=${e#*|} timeout "${STEP_TIMEOUT:-150}" python3 "$RUN_EXPORTED" \
+    "$d" --steps=20 --warmup=3 "${flags[@]}" \
     >>"$OUT/gpu.jsonl" 2>/tmp/step.err
   echo "rc $?" | tee -a "$LOG"
   quiet </tmp/step.err | tee -a "$LOG" | grep -v '^ \|^==' | tail -c 400

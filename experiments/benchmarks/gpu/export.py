@@ -1,10 +1,12 @@
 r"""Exports a config's train step to time it on a machine without our stack.
 
-  python -m pretrain_lm.bench.export --config=configs/bert.py:size=base \
-      --config.model.dtype=bfloat16 --config.model.attention_impl=cudnn \
+  python experiments/benchmarks/gpu/export.py \
+      --config=configs/bert.py:size=base --config.model.dtype=bfloat16 \
+      --config.model.attention_impl=cudnn \
       --config.model.attention_dropout_rate=0 --batch_size=256 \
       --platform=cuda --out=DIR
-  python -m pretrain_lm.bench.run_exported DIR        # on the other machine
+  PYTHONPATH=. python3 experiments/benchmarks/gpu/run_exported.py DIR
+      # on the other machine, from the repository root
 
 `python -m pretrain_lm.bench` is the benchmark wherever the whole package
 installs. This pair is for a machine that has JAX and an accelerator but
@@ -227,7 +229,6 @@ def write(out: str, manifest, init: bytes, step: bytes, batch) -> None:
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
-  from pretrain_lm import validate  # noqa: PLC0415
   from pretrain_lm.bench import step as step_lib  # noqa: PLC0415
 
   config = _CONFIG.value
@@ -235,9 +236,7 @@ def main(argv):
     config.data.batch_size = _BATCH.value
   workdir = tempfile.mkdtemp(prefix='pretrain_lm_export_')
   try:
-    validate.check_fields(config)
-    step_lib.first_stage(config)
-    validate.check_config(config)
+    step_lib.prepare(config)
     manifest, init, step, batch = export_train(
       config, workdir, platform=_PLATFORM.value, cudnn_version=_CUDNN.value
     )

@@ -1,19 +1,31 @@
-"""The peer for the BERT rows: Hugging Face's Flax BERT, trained as its
-`run_mlm_flax.py` example does, on the very batch our step is timed on.
+r"""Our BERT train step against Hugging Face's Flax BERT on the same batch.
 
-Same shapes, vocabulary, dropout, optimizer (our optax chain) and masked
-tokens; the difference is the model code: FlaxBertForMaskedLM computes the
-MLM head's [B, L, V] logits at every position and the loss keeps the masked
-ones, where ours gathers the masked positions first.
+  python experiments/benchmarks/peer.py --config=configs/bert.py:size=small \
+      --batch_size=32 [--steps=10] [--warmup=2]
 
-transformers dropped Flax in version 5: `make test` and `make bench`
-install the 4.x release (bench.PEER_PACKAGES) into `<venv>/peer`, a
-directory put on sys.path only here, so the rest of the code and the tests
-keep the newer transformers the conversions are checked against.
+The peer is FlaxBertForMaskedLM trained as its `run_mlm_flax.py` example
+does, on the very batch our step is timed on: same shapes, vocabulary,
+dropout, optimizer (our optax chain) and masked tokens. The difference is
+the model code: the peer computes the MLM head's [B, L, V] logits at
+every position and the loss keeps the masked ones, where ours gathers the
+masked positions first. One step of each runs alternately
+(timing.time_in_turn), so that a machine whose speed drifts slows both
+alike. Prints both steps' figures and the speedup, then one JSON line.
+
+transformers dropped Flax in version 5, so the peer needs the last 4.x
+release and the tokenizers and huggingface-hub it pins, installed apart
+from the venv's own site-packages (whose newer transformers the
+conversions are checked against); this script puts PEER_DIR on sys.path:
+
+  .venv/bin/pip install --no-deps --target .venv/peer \
+      transformers==4.46.3 tokenizers==0.20.3 huggingface-hub==0.26.5
 """
 
+import json
 import os
+import shutil
 import sys
+import tempfile
 from typing import Any
 
 import jax
@@ -21,12 +33,27 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import optax
+from absl import app, flags
+from ml_collections import config_flags
 
-from pretrain_lm import bench, train
-from pretrain_lm.bench import timing
+from pretrain_lm import train
+from pretrain_lm.bench import machine, step, timing
 from pretrain_lm.models import MODELS
 from pretrain_lm.models.config import ModelConfig
 
+_CONFIG = config_flags.DEFINE_config_file(
+  'config', None, 'A BERT config, e.g. configs/bert.py:size=small.'
+)
+_BATCH = flags.DEFINE_integer('batch_size', 32, 'Global batch.')
+_STEPS = flags.DEFINE_integer('steps', 10, 'Timed steps of each.')
+_WARMUP = flags.DEFINE_integer('warmup', 2, 'Untimed steps after compiling.')
+flags.mark_flags_as_required(['config'])
+
+PEER_PACKAGES = (
+  'transformers==4.46.3',
+  'tokenizers==0.20.3',
+  'huggingface-hub==0.26.5',
+)
 PEER_DIR = os.path.join(sys.prefix, 'peer')
 NAME = 'hf_flax_bert'
 
@@ -47,10 +74,8 @@ def unavailable(config: ml_collections.ConfigDict) -> str:
     return 'the model differs from BERT (post-LN, learned positions, ...)'
   if not os.path.isdir(os.path.join(PEER_DIR, 'transformers')):
     return (
-      f'transformers 4.x is not installed in {PEER_DIR}: run `make bench` '
-      f'(or pip install --no-deps --target {PEER_DIR} '
-      + ' '.join(bench.PEER_PACKAGES)
-      + ')'
+      f'transformers 4.x is not installed in {PEER_DIR}: pip install '
+      f'--no-deps --target {PEER_DIR} ' + ' '.join(PEER_PACKAGES)
     )
   return ''
 
@@ -109,7 +134,7 @@ class PeerBench:
   """The peer's train step on `host_batch` (one device, no mesh), compiled.
 
   Time `run` alternately with ours (timing.time_in_turn), then read
-  `figures()`.
+  `figures(peak_flops)`.
   """
 
   def __init__(
@@ -124,10 +149,10 @@ class PeerBench:
     cfg = ModelConfig.from_config(config.model)
     self.flops = MODELS['encoder'].train_flops(cfg, shapes)
 
-  def figures(self) -> dict[str, Any]:
-    """Step time, throughput, FLOPs and memory of the timed `run`."""
+  def figures(self, peak_flops: float | None) -> dict[str, Any]:
+    """Step time, throughput, MFU, FLOPs and memory of the timed `run`."""
     return {
-      **timing.run_figures(self.run, self.tokens, self.flops),
+      **timing.run_figures(self.run, self.tokens, self.flops, peak_flops),
       'params': self.param_count,
     }
 
@@ -182,3 +207,43 @@ def _compile(
   step = jax.jit(train_step, donate_argnums=0)
   count = sum(x.size for x in jax.tree.leaves(params))
   return timing.compile_run(step, state, batch), count
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+  config = _CONFIG.value
+  config.data.batch_size = _BATCH.value
+  try:
+    step.prepare(config)
+  except (ValueError, FileNotFoundError) as e:
+    raise SystemExit(f'error: {e}') from None
+  why_not = unavailable(config)
+  if why_not:
+    raise SystemExit(f'error: {why_not}')
+  workdir = tempfile.mkdtemp(prefix='peer_bench_')
+  try:
+    ours = step.TrainBench(config, workdir)
+    theirs = PeerBench(config, ours.host_batch)
+    timing.time_in_turn(
+      [ours.run, theirs.run], steps=_STEPS.value, warmup=_WARMUP.value
+    )
+  finally:
+    shutil.rmtree(workdir, ignore_errors=True)
+  result = {
+    'what': 'peer',
+    'args': ' '.join(sys.argv[1:]),
+    **machine.describe(),
+    **ours.figures(),
+    'peer': NAME,
+  }
+  figures = theirs.figures(ours.peak_flops)
+  result.update({f'peer_{k}': v for k, v in figures.items()})
+  result['speedup_vs_peer'] = result['tokens_per_s'] / figures['tokens_per_s']
+  for k, v in result.items():
+    print(f'{k:40s} {f"{v:.4g}" if isinstance(v, float) else v}')
+  print(json.dumps(result))
+
+
+if __name__ == '__main__':
+  app.run(main)

@@ -1,17 +1,18 @@
-"""Times a train step exported by pretrain_lm.bench.export; jax + numpy only.
+"""Times a train step exported by export.py; jax + numpy only.
 
-  python -m pretrain_lm.bench.run_exported DIR [DIR ...] [--steps=N]
-      [--compile_only] [--profile_dir=D]
+  PYTHONPATH=. python3 experiments/benchmarks/gpu/run_exported.py DIR \
+      [DIR ...] [--steps=N] [--compile_only] [--profile_dir=D]
 
-Deserializes DIR's init and step, builds the state on the default device,
-compiles the step with the state donated, and times it the way
-`python -m pretrain_lm.bench` does (each step waited for; the median of
---steps after --warmup). Prints one JSON line per DIR with the bench's
-figures; MFU is against this device kind's datasheet peak
-(metrics.PEAK_FLOPS). Both compile with the manifest's compiler_options
-(the config's train.compiler_options for the platform, as the Trainer's
-steps do there). Of pretrain_lm it imports only bench.timing,
-bench.profile, xla_flags and metrics (whose TensorFlow import waits for a
+Run from the repository root (PYTHONPATH=. makes pretrain_lm importable
+where it is not installed). Deserializes DIR's init and step, builds the
+state on the default device, compiles the step with the state donated,
+and times it the way `python -m pretrain_lm.bench` does (each step waited
+for; the median of --steps after --warmup). Prints one JSON line per DIR
+with the bench's figures; MFU is against this device kind's datasheet
+peak (metrics.PEAK_FLOPS). Both compile with the manifest's
+compiler_options (the config's train.compiler_options for the platform,
+as the Trainer's steps do there). Of pretrain_lm it imports only
+bench.timing, xla_flags and metrics (whose TensorFlow import waits for a
 MetricWriter), so it runs where only JAX is installed. On a GPU it adds
 xla_flags.GPU_DEFAULTS to XLA_FLAGS, as the training commands do.
 
@@ -20,9 +21,7 @@ device memory, no run) and reports the compile times: with JAX's
 persistent compilation cache on, several of them can compile side by side
 in separate processes, and the timing run that follows loads the programs
 from the cache. --profile_dir traces two more steps after the timed ones
-and adds where their time went (bench/profile.py) to the JSON line; on
-the CPU also each matrix-product form's time and FLOP rate
-(`profile.products`).
+and adds where their time went (trace_summary.py) to the JSON line.
 """
 
 import argparse
@@ -34,10 +33,11 @@ import time
 
 import jax
 import numpy as np
+import trace_summary  # this directory's, beside the script
 
 from pretrain_lm import metrics as metrics_lib
 from pretrain_lm import xla_flags
-from pretrain_lm.bench import profile, timing
+from pretrain_lm.bench import timing
 
 
 def load(directory: str):
@@ -134,10 +134,10 @@ def run(
   timed = timing.compile_run(jitted, leaves, batch)
   timing.time_in_turn([timed], steps=steps, warmup=warmup)
   tokens, flops = manifest['tokens_per_step'], manifest['model_flops_per_step']
-  figures = timing.run_figures(timed, tokens, flops)
+  peak = metrics_lib.peak_flops_per_device()
+  figures = timing.run_figures(timed, tokens, flops, peak)
   # As the training loop runs: each step dispatched while the last runs.
   figures['step_s_pipelined'] = timing.time_pipelined(timed, steps=steps)
-  peak = metrics_lib.peak_flops_per_device()
   result = {
     'what': 'train',
     **_setting(directory, manifest, options),
@@ -156,15 +156,13 @@ def run(
     'pad_fraction': manifest['pad_fraction'],
   }
   if peak:
-    result['peak_tflops'] = peak / 1e12
     result['peak_source'] = 'datasheet'
-    result['mfu'] = flops / figures['step_s'] / peak
     result['mfu_pipelined'] = flops / figures['step_s_pipelined'] / peak
   if profile_dir:
     name = os.path.basename(os.path.normpath(directory))
     log(f'{directory}: profiling two steps')
     try:
-      timed.state, summary = profile.profile_steps(
+      timed.state, summary = trace_summary.profile_steps(
         timed.step,
         timed.state,
         batch,
@@ -175,10 +173,8 @@ def run(
       result['profile_error'] = f'{type(e).__name__}: {e}'
       log(f'{directory}: no profile: {result["profile_error"]}')
     else:
-      table, products = profile.report(summary, timed.step)
-      result['profile'] = (
-        summary if products is None else dict(summary, products=products)
-      )
+      result['profile'] = summary
+      table = trace_summary.report(summary, timed.step)
       print(f'== {name}\n{table}', file=sys.stderr)
   return result
 
