@@ -1,4 +1,4 @@
-"""Markdown tables from `python -m pretrain_lm.bench` JSON lines.
+"""Markdown tables from the JSON lines of the bench, peer.py and matmul_peak.py.
 
 python experiments/benchmarks/table.py experiments/benchmarks/cpu.jsonl
 """
@@ -22,39 +22,39 @@ def overrides(r: dict) -> str:
   return ' '.join(args)
 
 
-def train_tables(rows: list[dict]) -> None:
+def pct(v) -> str:
+  return f'{v:.0%}' if v is not None else '-'
+
+
+def train_tables(rows: list[dict], peaks: list[dict]) -> None:
   unrolled = [r for r in rows if 'scan_layers=True' not in r['args']]
   print(
     '| model | batch x length | step s (median) | tokens/s | model '
-    'GFLOP/token | TFLOP/s | MFU (XLA matmul peak) | MFU (in turn) '
-    '| MFU (best matmul) | compile s | peer tokens/s | vs peer |'
+    'GFLOP/token | TFLOP/s | MFU | peak TFLOP/s | compile s |'
   )
-  print('|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|')
+  print('|---|---|---:|---:|---:|---:|---:|---:|---:|')
   for r in unrolled:
-    peer = r.get('peer_tokens_per_s')
-    peer_s = f'{peer:,.0f}' if peer else '-'
-    vs = f'{r["speedup_vs_peer"]:.2f}x' if peer else '-'
-    # The matmul timed after each round (CPU runs whose JSON has it).
-    in_turn = f'{r["mfu_in_turn"]:.0%}' if 'mfu_in_turn' in r else '-'
+    peak = r.get('peak_tflops')
     print(
       f'| {name(r)} {overrides(r)} | {r["batch_size"]} x {r["seq_len"]} '
       f'| {r["step_s"]:.3f} | {r["tokens_per_s"]:,.0f} '
       f'| {r["model_flops_per_token"] / 1e9:.3f} '
-      f'| {r["achieved_tflops"]:.3f} | {r["mfu"]:.0%} | {in_turn} '
-      f'| {r.get("mfu_vs_best_matmul", r["mfu"]):.0%} '
-      f'| {r["compile_s"]:.1f} '
-      f'| {peer_s} | {vs} |'
+      f'| {r["achieved_tflops"]:.3f} | {pct(r.get("mfu"))} '
+      f'| {f"{peak:.3f}" if peak else "-"} | {r["compile_s"]:.1f} |'
     )
-  print()
-  print(
-    '| peak measured in the run of | XLA matmul TFLOP/s | NumPy | PyTorch |'
-  )
-  print('|---|---:|---:|---:|')
-  for r in unrolled:
-    print(
-      f'| {name(r)} | {r["xla_matmul_tflops"]:.3f} '
-      f'| {r["numpy_matmul_tflops"]:.3f} | {r["torch_matmul_tflops"]:.3f} |'
-    )
+  if peaks:
+    print()
+    print('| matmul peak | dtype | XLA TFLOP/s | NumPy | PyTorch |')
+    print('|---|---|---:|---:|---:|')
+    for r in peaks:
+      tflops = [
+        r.get(f'{k}_matmul_flops', 0) / 1e12 for k in ('xla', 'numpy', 'torch')
+      ]
+      print(
+        f'| {r["device_kind"]} | {r["dtype"]} | '
+        + ' | '.join(f'{t:.3f}' for t in tflops)
+        + ' |'
+      )
   scanned = [r for r in rows if 'scan_layers=True' in r['args']]
   if scanned:
     print()
@@ -64,6 +64,22 @@ def train_tables(rows: list[dict]) -> None:
       same = [u for u in unrolled if name(u) == name(r)]
       before = f'{same[0]["compile_s"]:.1f}' if same else '-'
       print(f'| {name(r)} | {before} | {r["compile_s"]:.1f} |')
+
+
+def peer_table(rows: list[dict]) -> None:
+  print(
+    '| model | batch x length | ours tokens/s | peer tokens/s | speedup '
+    '| ours MFU | peer MFU | peer FLOPs / ours |'
+  )
+  print('|---|---|---:|---:|---:|---:|---:|---:|')
+  for r in rows:
+    flops = r['peer_model_flops_per_token'] / r['model_flops_per_token']
+    print(
+      f'| {name(r)} | {r["batch_size"]} x {r["seq_len"]} '
+      f'| {r["tokens_per_s"]:,.0f} | {r["peer_tokens_per_s"]:,.0f} '
+      f'| {r["speedup_vs_peer"]:.2f}x | {pct(r.get("mfu"))} '
+      f'| {pct(r.get("peer_mfu"))} | {flops:.2f}x |'
+    )
 
 
 def pipeline_table(rows: list[dict], train_rows: list[dict]) -> None:
@@ -81,11 +97,13 @@ def pipeline_table(rows: list[dict], train_rows: list[dict]) -> None:
       'tokens_per_s_per_core', r.get('raw_tokens_per_s_per_core')
     )
     ratio = f'{raw / eats[0]:,.0f}x' if eats else '-'
+    # Prepared corpora and --pipeline_cached=false have no cached figure.
+    cached = r.get('cached_tokens_per_s_per_core')
     eats_s = f'{eats[0]:,.0f}' if eats else '-'
     print(
       f'| {name(r)} | {r["batch_size"]} x {r["seq_len"]} '
       f'| {raw_core:,.0f} '
-      f'| {r["cached_tokens_per_s_per_core"]:,.0f} '
+      f'| {f"{cached:,.0f}" if cached else "-"} '
       f'| {r["non_pad_fraction"]:.2%} '
       f'| {eats_s} | {ratio} '
       f'| {r["h100_tokens_per_s_per_8_cores_needed"]:,.0f} |'
@@ -112,10 +130,10 @@ def main(path: str) -> None:
   with open(path) as f:
     rows = [json.loads(line) for line in f if line.startswith('{')]
   by = {
-    w: [r for r in rows if r['what'] == w]
-    for w in ('train', 'pipeline', 'decode')
+    w: [r for r in rows if r.get('what') == w]
+    for w in ('train', 'peer', 'matmul_peak', 'pipeline', 'decode')
   }
-  r0 = rows[-1]  # the newest: older lines may lack a field
+  r0 = next(r for r in reversed(rows) if 'cpu' in r)  # older: fewer fields
   family = r0.get('cpu_family')
   model = ' '.join(
     x for x in (r0.get('cpu_model'), family and f'(family/model {family})') if x
@@ -125,7 +143,12 @@ def main(path: str) -> None:
     f'{r0["cpu_cores"]} cores, backend '
     f'{r0["backend"]}, jax {r0["jax"]}, {r0["date"]}.\n'
   )
-  train_tables(by['train'])
+  train_tables(by['train'], by['matmul_peak'])
+  # Lines written before peer.py held the peer's figures in train rows.
+  peers = by['peer'] + [r for r in by['train'] if 'peer_tokens_per_s' in r]
+  if peers:
+    print()
+    peer_table(peers)
   print()
   pipeline_table(by['pipeline'], by['train'])
   print()
