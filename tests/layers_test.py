@@ -416,8 +416,6 @@ def test_gelu_is_x_times_the_normal_cdf_to_float32_rounding():
 def cudnn_calls(bias, causal):
   """The cuDNN attention custom calls (name, result count, mask type) in
   the gradient of fused_attention, lowered here for a GPU."""
-  from pretrain_lm.bench import export  # noqa: PLC0415
-
   B, L, H, K = 2, 8, 2, 8
   q = jnp.ones((B, L, H, K), jnp.bfloat16)
   mask = jnp.tril(jnp.ones((L, L), bool))[None, None].repeat(B, 0)
@@ -435,7 +433,7 @@ def cudnn_calls(bias, causal):
     )
     return out.astype(jnp.float32).sum()
 
-  with export.cudnn_off_gpu(90800):
+  with layers.cudnn_off_gpu(90800):
     grad = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3) if bias else (0, 1, 2)))
     args = (q, q, q, jnp.zeros((B, H, L, L), jnp.bfloat16) if bias else None)
     text = grad.trace(*args).lower(lowering_platforms=('cuda',)).as_text()

@@ -100,14 +100,12 @@ print('never applied')
       ['--config=configs/finetune/glue.py:task=sst2', '--init=unused'],
     ),
     ('pretrain_lm.bench', ['--config=configs/bert.py:size=tiny']),
-    ('pretrain_lm.bench.run_exported', ['unused']),
   ],
 )
 def test_every_entry_point_applies_the_defaults_before_jax_starts(
   module, args, tmp_path
 ):
-  if module != 'pretrain_lm.bench.run_exported':
-    args = [*args, f'--workdir={tmp_path}']
+  args = [*args, f'--workdir={tmp_path}']
   out = subprocess.run(
     [sys.executable, '-c', _ENTRY_POINT, module, *args],
     cwd=REPO,

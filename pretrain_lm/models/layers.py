@@ -7,6 +7,7 @@ parameter carries logical axis names (mapped onto the mesh by
 pretrain_lm.sharding); no mesh axis is named here.
 """
 
+import contextlib
 import functools
 import inspect
 import math
@@ -607,6 +608,27 @@ def causal_blocks(L: int, S: int, chunk: int) -> list[tuple[int, int, int]]:
   return [
     (q0, min(q0 + chunk, L), min(q0 + chunk, L)) for q0 in range(0, L, chunk)
   ]
+
+
+@contextlib.contextmanager
+def cudnn_off_gpu(version: int):
+  """Lets jax lower cuDNN attention on a machine without cuDNN.
+
+  jax asks the local cuDNN for its version and the local GPU for its
+  compute capability before lowering the fused kernel; off a GPU there is
+  neither, so both answers are given (`version`, and a capable GPU). XLA
+  on the GPU machine builds the kernel with that machine's cuDNN. For
+  exporting GPU programs from a CPU machine, and for tests.
+  """
+  from jax._src.cudnn import fused_attention_stablehlo as fa  # noqa: PLC0415
+
+  saved = fa.check_cudnn_version, fa.check_compute_capability
+  fa.check_cudnn_version = lambda *a, **k: version
+  fa.check_compute_capability = lambda *a, **k: True
+  try:
+    yield
+  finally:
+    fa.check_cudnn_version, fa.check_compute_capability = saved
 
 
 def fused_attention(

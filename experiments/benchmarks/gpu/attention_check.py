@@ -146,7 +146,7 @@ def export_cases(directory):
       jax.export.DisabledSafetyCheck.custom_call(t)
       for t in export.cudnn_targets()
     ]
-    with export.cudnn_off_gpu(90800):
+    with layers.cudnn_off_gpu(90800):
       exported = jax.export.export(
         jax.jit(step), platforms=['cuda'], disabled_checks=disabled
       )(args)

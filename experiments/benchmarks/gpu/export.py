@@ -64,26 +64,6 @@ def cudnn_targets() -> list[str]:
   return sorted(set(fa._custom_name_maps.values()))
 
 
-@contextlib.contextmanager
-def cudnn_off_gpu(version: int):
-  """Lets jax lower cuDNN attention on a machine without cuDNN.
-
-  jax asks the local cuDNN for its version and the local GPU for its
-  compute capability before lowering the fused kernel; off a GPU there is
-  neither, so both answers are given (`version`, and a capable GPU). XLA
-  on the GPU machine builds the kernel with that machine's cuDNN.
-  """
-  from jax._src.cudnn import fused_attention_stablehlo as fa  # noqa: PLC0415
-
-  saved = fa.check_cudnn_version, fa.check_compute_capability
-  fa.check_cudnn_version = lambda *a, **k: version
-  fa.check_compute_capability = lambda *a, **k: True
-  try:
-    yield
-  finally:
-    fa.check_cudnn_version, fa.check_compute_capability = saved
-
-
 def export_train(
   config,
   workdir: str,
@@ -115,7 +95,9 @@ def export_train(
       jax.export.DisabledSafetyCheck.custom_call(t) for t in cudnn_targets()
     ]
     if jax.default_backend() != 'gpu':
-      lowering = cudnn_off_gpu(cudnn_version)
+      from pretrain_lm.models import layers  # noqa: PLC0415
+
+      lowering = layers.cudnn_off_gpu(cudnn_version)
   with lowering:  # Trainer traces the model too (the state's shardings)
     return _export(config, workdir, platform, disabled, mesh)
 
