@@ -9,7 +9,8 @@ this before anything touches a device. It adds each of GPU_DEFAULTS that
 XLA_FLAGS does not already name, and only where JAX has a CUDA plugin to
 load: a CPU or TPU run sees no change. Set a flag in XLA_FLAGS yourself to
 override its default (`XLA_FLAGS=--xla_gpu_enable_triton_gemm=true`).
-Standard library only: run_exported imports it on machines with JAX alone.
+Standard library only: experiments/benchmarks/gpu/run_exported.py imports
+it on machines with JAX alone.
 """
 
 import importlib.util

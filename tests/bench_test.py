@@ -299,10 +299,9 @@ def test_gpu_side_benchmarks_import_no_tensorflow():
 
 
 def test_experiment_scripts_name_only_what_the_package_has():
-  # The scripts in experiments/ have no tests of their own and read (and
-  # patch: ab_step.py) the package's functions by name. A renamed function
-  # breaks them at run time, or, for a patch, silently: this reads every
-  # `module.name` they use off the imported modules.
+  # The scripts in experiments/ have no tests of their own and read the
+  # package's functions by name. A renamed function breaks them at run
+  # time: this reads every `module.name` they use off the imported modules.
   missing = []
   for path in sorted(
     glob.glob(os.path.join(REPO, 'experiments', '**', '*.py'), recursive=True)

@@ -252,7 +252,7 @@ def dense(
 # on every element. On CPU, 16-bit draws from jax.random.bits (which XORs a
 # hash's two words into one) made BERT's train steps faster, and keeping
 # both words, with the hash written out below, faster again
-# (experiments/benchmarks/README.md, Levers tried; ab_step.py times them).
+# (experiments/benchmarks/README.md, Levers tried).
 # 16 bits keep the rate exact to 2^-16; 8 bits were not clearly faster and
 # would round a rate of 0.1 to 26/256.
 DROPOUT_BITS = 16
