@@ -1,4 +1,4 @@
-"""Tests for the Hugging Face tokenizers in pretrain_lm.data.tokenizer.
+"""Tests for the Hugging Face tokenizer kinds, their import and export.
 
 Each kind is checked against the reference implementations (transformers,
 tokenizers) on real text: the real BERT WordPiece vocab of the
@@ -20,6 +20,7 @@ import tokenizers
 import transformers
 
 from pretrain_lm import configlib
+from pretrain_lm.convert import tokenizer as hf_tokenizer
 from pretrain_lm.data import pipeline
 from pretrain_lm.data import tokenizer as tokenizer_lib
 from pretrain_lm.objectives import mlm
@@ -79,7 +80,7 @@ def texts():
 @pytest.fixture(scope='module')
 def bert(tmp_path_factory):
   path = tmp_path_factory.mktemp('bert') / tokenizer_lib.WORKDIR_FILENAME
-  return tokenizer_lib.import_hf_tokenizer(BERT_DIR, str(path))
+  return hf_tokenizer.import_hf_tokenizer(BERT_DIR, str(path))
 
 
 def _reference_ids(reference, texts):
@@ -155,7 +156,7 @@ def test_wordpiece_cased_options(config, texts, tmp_path):
   _write_vocab(src / 'vocab.txt', vocab)
   if config:
     (src / 'tokenizer_config.json').write_text(json.dumps(config))
-  tok = tokenizer_lib.import_hf_tokenizer(str(src), str(tmp_path / 'tok'))
+  tok = hf_tokenizer.import_hf_tokenizer(str(src), str(tmp_path / 'tok'))
   assert not tok.do_lower_case
   assert tok.strip_accents == bool(config)
   reference = transformers.BertTokenizer(
@@ -200,7 +201,7 @@ def bpe_dirs(texts, tmp_path_factory):
 @pytest.mark.parametrize('name', ['roberta', 'gpt2'])
 def test_byte_bpe_matches_reference(name, bpe_dirs, texts, tmp_path):
   src, trained = bpe_dirs[name]
-  tok = tokenizer_lib.import_hf_tokenizer(str(src), str(tmp_path / 'tok'))
+  tok = hf_tokenizer.import_hf_tokenizer(str(src), str(tmp_path / 'tok'))
   assert isinstance(tok, tokenizer_lib.ByteBpeTokenizer)
   assert tok.vocab_size == 1000
   all_texts = texts + BPE_EDGE_CASES
@@ -285,7 +286,7 @@ def t5_dir(texts, tmp_path_factory):
 
 
 def test_t5_sentencepiece_special_ids(t5_dir, texts, tmp_path):
-  tok = tokenizer_lib.import_hf_tokenizer(str(t5_dir), str(tmp_path / 'tok'))
+  tok = hf_tokenizer.import_hf_tokenizer(str(t5_dir), str(tmp_path / 'tok'))
   assert isinstance(tok, tokenizer_lib.SentencePieceTokenizer)
   assert tok.model_bytes() == (t5_dir / 'spiece.model').read_bytes()
   # No BOS: [CLS] (the decoder's start token) is <pad>, as T5 starts its
@@ -320,16 +321,16 @@ def test_import_export_round_trip(kind, bpe_dirs, t5_dir, texts, tmp_path):
     'gpt2': lambda: str(bpe_dirs['gpt2'][0]),
     't5': lambda: str(t5_dir),
   }[kind]()
-  first = tokenizer_lib.import_hf_tokenizer(src, str(tmp_path / 'a.model'))
+  first = hf_tokenizer.import_hf_tokenizer(src, str(tmp_path / 'a.model'))
   extra_ids = 8 if kind == 't5' else 0
-  ids = tokenizer_lib.export_hf_tokenizer(
+  ids = hf_tokenizer.export_hf_tokenizer(
     first, str(tmp_path / 'out1'), extra_ids=extra_ids
   )
-  second = tokenizer_lib.import_hf_tokenizer(
+  second = hf_tokenizer.import_hf_tokenizer(
     str(tmp_path / 'out1'), str(tmp_path / 'b.model')
   )
   assert (
-    tokenizer_lib.export_hf_tokenizer(
+    hf_tokenizer.export_hf_tokenizer(
       second, str(tmp_path / 'out2'), extra_ids=extra_ids
     )
     == ids
@@ -372,7 +373,7 @@ def test_export_own_sentencepiece(texts, tmp_path):
   own = tokenizer_lib.train_tokenizer(
     texts, str(tmp_path / 'own.model'), vocab_size=400
   )
-  ids = tokenizer_lib.export_hf_tokenizer(own, str(tmp_path / 'hf'))
+  ids = hf_tokenizer.export_hf_tokenizer(own, str(tmp_path / 'hf'))
   assert ids == {'pad_token_id': 0, 'eos_token_id': 3, 'bos_token_id': 2}
   assert (tmp_path / 'hf' / 'spiece.model').read_bytes() == own.model_bytes()
   reference = transformers.AutoTokenizer.from_pretrained(str(tmp_path / 'hf'))
@@ -381,7 +382,7 @@ def test_export_own_sentencepiece(texts, tmp_path):
   assert _reference_ids(reference, ['x'])[0] == own.encode('x')
   assert [reference(t)['input_ids'] for t in texts[:100]] == want
   assert reference.mask_token_id == own.mask_id == 4
-  back = tokenizer_lib.import_hf_tokenizer(
+  back = hf_tokenizer.import_hf_tokenizer(
     str(tmp_path / 'hf'), str(tmp_path / 'back.model')
   )
   assert back.model_bytes() == own.model_bytes()
@@ -389,7 +390,7 @@ def test_export_own_sentencepiece(texts, tmp_path):
     ['abc'], str(tmp_path / 'char.model'), vocab_size=20, model_type='char'
   )
   with pytest.raises(ValueError, match='no Hugging Face counterpart'):
-    tokenizer_lib.export_hf_tokenizer(char, str(tmp_path / 'char'))
+    hf_tokenizer.export_hf_tokenizer(char, str(tmp_path / 'char'))
 
 
 def test_load_dispatch_and_errors(bert, bpe_dirs, t5_dir, tmp_path):
@@ -397,7 +398,7 @@ def test_load_dispatch_and_errors(bert, bpe_dirs, t5_dir, tmp_path):
     bert.path: tokenizer_lib.WordPieceTokenizer,
     str(t5_dir / 'spiece.model'): tokenizer_lib.SentencePieceTokenizer,
   }
-  bpe = tokenizer_lib.import_hf_tokenizer(
+  bpe = hf_tokenizer.import_hf_tokenizer(
     str(bpe_dirs['roberta'][0]), str(tmp_path / 'bpe.model')
   )
   cases[bpe.path] = tokenizer_lib.ByteBpeTokenizer
@@ -419,7 +420,7 @@ def test_load_dispatch_and_errors(bert, bpe_dirs, t5_dir, tmp_path):
   empty.mkdir()
   (empty / 'config.json').write_text('{}')
   with pytest.raises(FileNotFoundError, match=r'empty.*vocab\.txt.*spiece'):
-    tokenizer_lib.import_hf_tokenizer(str(empty), str(tmp_path / 'x.model'))
+    hf_tokenizer.import_hf_tokenizer(str(empty), str(tmp_path / 'x.model'))
   assert not (tmp_path / 'x.model').exists()
 
 
@@ -427,7 +428,7 @@ def test_pipeline_masks_imported_tokenizers(bert, bpe_dirs, texts, tmp_path):
   """Continued MLM pretraining: packed rows use each tokenizer's own ids."""
   source = tmp_path / 'train.txt'
   source.write_text('\n'.join(texts[:30]) + '\n', encoding='utf-8')
-  roberta = tokenizer_lib.import_hf_tokenizer(
+  roberta = hf_tokenizer.import_hf_tokenizer(
     str(bpe_dirs['roberta'][0]), str(tmp_path / 'roberta.model')
   )
   for tok in (bert, roberta):

@@ -13,6 +13,7 @@ import tensorflow as tf
 import transformers
 
 from pretrain_lm import configlib, validate
+from pretrain_lm.convert import tokenizer as hf_tokenizer
 from pretrain_lm.data import pipeline
 from pretrain_lm.data import tokenizer as tokenizer_lib
 
@@ -95,10 +96,10 @@ def _ids(reference, texts):
 def _export_and_import(tok, tmp_path):
   """(the exported directory, the tokenizer imported back from it)."""
   out = tmp_path / 'hf'
-  tokenizer_lib.export_hf_tokenizer(tok, str(out))
-  back = tokenizer_lib.import_hf_tokenizer(str(out), str(tmp_path / 'back'))
+  hf_tokenizer.export_hf_tokenizer(tok, str(out))
+  back = hf_tokenizer.import_hf_tokenizer(str(out), str(tmp_path / 'back'))
   # Exporting the imported tokenizer writes the same files.
-  tokenizer_lib.export_hf_tokenizer(back, str(tmp_path / 'hf2'))
+  hf_tokenizer.export_hf_tokenizer(back, str(tmp_path / 'hf2'))
   for name in os.listdir(out):
     assert (out / name).read_bytes() == (tmp_path / 'hf2' / name).read_bytes()
   return out, back

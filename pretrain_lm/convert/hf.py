@@ -29,6 +29,7 @@ from flax import linen as nn
 from pretrain_lm import checkpoint as checkpoint_lib
 from pretrain_lm import configlib, objectives
 from pretrain_lm.convert import bart, bert, gpt2, t5
+from pretrain_lm.convert import tokenizer as hf_tokenizer
 from pretrain_lm.convert.layout import PREFIXED_PARTS, Format, Tensors
 from pretrain_lm.data import pipeline, sources
 from pretrain_lm.data import tokenizer as tokenizer_lib
@@ -334,7 +335,7 @@ def import_tokenizer(src: str, workdir: str) -> tokenizer_lib.Tokenizer:
     tok.encode('Hello world')
   """
   path = os.path.join(workdir, tokenizer_lib.WORKDIR_FILENAME)
-  return tokenizer_lib.import_hf_tokenizer(src, path)
+  return hf_tokenizer.import_hf_tokenizer(src, path)
 
 
 def import_hf(src: str, workdir: str) -> dict:
@@ -635,7 +636,7 @@ def export_hf(
   sentinels = loaded.config.objective.num_sentinels
   extra_ids = sentinels if model_type == 't5' else 0
   try:
-    ids = tokenizer_lib.export_hf_tokenizer(tok, dst, extra_ids=extra_ids)
+    ids = hf_tokenizer.export_hf_tokenizer(tok, dst, extra_ids=extra_ids)
   except ValueError as e:  # e.g. a char tokenizer: the weights still go
     logging.warning('The tokenizer is not exported: %s', e)
   else:
