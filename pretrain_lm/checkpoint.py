@@ -10,8 +10,8 @@ Each checkpoint `workdir/checkpoints/<step>/` holds two items:
           (`run_description`: config, commit, versions, mesh), a checksum per
           array of `state` (`checksums`) and, when the save came with an
           evaluation, its metrics (`eval_metrics`).
-The workdir itself holds `config.json` (the resolved config), `tokenizer.model`
-and `run_metadata.json` (git commit, package versions, command line).
+The workdir's other files (`config.json`, `run_metadata.json`, ...) are
+workdir.py's.
 
 Guarantees (tests/checkpoint_test.py, tests/fault_test.py):
   atomic   - Orbax writes `<step>.orbax-checkpoint-tmp` and renames it when
@@ -32,16 +32,12 @@ Guarantees (tests/checkpoint_test.py, tests/fault_test.py):
 """
 
 import contextlib
-import datetime
 import functools
-import hashlib
-import importlib.metadata
 import json
 import logging as std_logging
 import math
 import os
 import re
-import subprocess
 import sys
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -55,26 +51,9 @@ from absl import logging
 from etils import epath
 from jax.experimental import multihost_utils
 
-from pretrain_lm import configlib
+from pretrain_lm import configlib, workdir
 
 CHECKPOINT_DIR = 'checkpoints'
-# The per-example feature shapes and dtypes of a run (pretrain_lm.load
-# builds the model's params from it).
-BATCH_SPEC_FILE = 'batch_spec.json'
-PACKAGES = (
-  'pretrain_lm',
-  'jax',
-  'jaxlib',
-  'flax',
-  'optax',
-  'orbax-checkpoint',
-  'tensorflow',
-  'tensorflow-text',
-  'tensorflow-datasets',
-  'sentencepiece',
-  'ml-collections',
-  'numpy',
-)
 # The choices of checkpoint.on_corrupt and checkpoint.best_mode.
 ON_CORRUPT, BEST_MODES = configlib.ON_CORRUPT, configlib.BEST_MODES
 # A checkpoint that failed verification is renamed to this (on_corrupt=
@@ -110,26 +89,10 @@ class NoRestorableCheckpointError(RestoreError):
   """A directory holds checkpoints, but none of them restores."""
 
 
-def absolute(path: str) -> str:
-  """Makes a local path absolute (Orbax requires it); leaves gs:// alone."""
-  return path if '://' in path else os.path.abspath(path)
-
-
 def checkpoint_dir(path: str) -> str:
   """`path/checkpoints` when `path` is a workdir, else `path` itself."""
   sub = os.path.join(path, CHECKPOINT_DIR)
-  return sub if _gfile().isdir(sub) else path
-
-
-def _gfile():
-  """tf.io.gfile (every scheme TF knows), imported on first use.
-
-  Only the workdir's JSON files need it: the checkpoints themselves go
-  through Orbax's epath, so restoring one costs no TensorFlow start-up.
-  """
-  import tensorflow as tf
-
-  return tf.io.gfile
+  return sub if workdir.gfile().isdir(sub) else path
 
 
 def _barrier(name: str) -> None:
@@ -501,7 +464,7 @@ class Checkpointer:
       raise ValueError(
         f'checkpoint.best_mode={best_mode!r}; expected one of {BEST_MODES}.'
       )
-    directory = absolute(directory)
+    directory = workdir.absolute(directory)
     self.directory = directory
     self.read_only = read_only
     self.keep, self.keep_best, self.keep_every = keep, keep_best, keep_every
@@ -881,67 +844,6 @@ class Checkpointer:
     self.manager.close()
 
 
-def git_commit() -> str:
-  """The source tree's commit, with '+dirty' when it has local changes."""
-  # Launchers that copy the code without .git (launch/tpu_pod.sh) say it.
-  if os.environ.get('PRETRAIN_LM_GIT_COMMIT'):
-    return os.environ['PRETRAIN_LM_GIT_COMMIT']
-  src = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  try:
-    commit = subprocess.run(
-      ['git', 'rev-parse', 'HEAD'],
-      cwd=src,
-      capture_output=True,
-      text=True,
-      check=True,
-      timeout=10,
-    ).stdout.strip()
-    dirty = subprocess.run(
-      ['git', 'status', '--porcelain', '--untracked-files=no'],
-      cwd=src,
-      capture_output=True,
-      text=True,
-      timeout=10,
-    ).stdout.strip()
-    return commit + ('+dirty' if dirty else '')
-  except (OSError, subprocess.SubprocessError):
-    return 'unknown'
-
-
-def _versions() -> dict[str, str]:
-  versions = {'python': sys.version.split()[0]}
-  for name in PACKAGES:
-    try:
-      versions[name] = importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-      versions[name] = 'not installed'
-  return versions
-
-
-def run_metadata() -> dict[str, Any]:
-  """What a later reader needs to reproduce this run."""
-  return {
-    'git_commit': git_commit(),
-    'versions': _versions(),
-    'argv': sys.argv,
-    'started': datetime.datetime.now(datetime.UTC).isoformat(),
-    'process_count': jax.process_count(),
-    'devices': [str(d) for d in jax.devices()][:16],
-    'device_count': jax.device_count(),
-  }
-
-
-def write_json(path: str, obj: Any) -> None:
-  """Writes `obj` as indented JSON via tf.io.gfile (so gs:// works)."""
-  with _gfile().GFile(path, 'w') as f:
-    f.write(json.dumps(obj, indent=2, sort_keys=True, default=str) + '\n')
-
-
-def read_json(path: str) -> Any:
-  with _gfile().GFile(path) as f:
-    return json.load(f)
-
-
 # --- What each checkpoint's meta says about itself (items shown by
 # `python -m pretrain_lm.inspect WORKDIR`).
 
@@ -952,17 +854,7 @@ META_PATH = os.path.join('meta', 'metadata')
 def read_meta(directory: str, step: int) -> dict[str, Any] | None:
   """Checkpoint `step`'s meta JSON, read without Orbax; None if absent."""
   path = epath.Path(directory) / str(step) / META_PATH
-  return read_json(str(path)) if path.exists() else None
-
-
-def tokenizer_meta(tokenizer) -> dict[str, Any]:
-  """The tokenizer facts a checkpoint stores: size, special ids, file hash."""
-  return {
-    'vocab_size': tokenizer.vocab_size,
-    'special_ids': tokenizer.special_ids,
-    # Every tokenizer kind is one file (pretrain_lm.data.tokenizer).
-    'sha256': hashlib.sha256(tokenizer.model_bytes()).hexdigest(),
-  }
+  return workdir.read_json(str(path)) if path.exists() else None
 
 
 def check_tokenizer(saved: dict | None, tokenizer, checkpoint: str) -> None:
@@ -971,7 +863,9 @@ def check_tokenizer(saved: dict | None, tokenizer, checkpoint: str) -> None:
   Only the facts the meta has are compared: checkpoints from before the
   hash was stored are checked on size and special ids, older ones not.
   """
-  now = tokenizer_meta(tokenizer)
+  from pretrain_lm.data import records  # TensorFlow: only when asked
+
+  now = records.tokenizer_meta(tokenizer)
   changed = [
     f'{k} {saved[k]} -> {now[k]}'
     for k in now
@@ -993,11 +887,30 @@ def run_description(
   device = jax.devices()[0]
   return {
     'config': json.loads(json.dumps(config.to_dict(), default=str)),
-    'git_commit': git_commit(),
-    'versions': _versions(),
+    'git_commit': workdir.git_commit(),
+    'versions': workdir.versions(),
     'mesh': dict(mesh.shape),
     'process_count': jax.process_count(),
     'device_count': jax.device_count(),
     'device_kind': device.device_kind,
     'platform': device.platform,
   }
+
+
+# Names that convert/hf.py, finetune/ and distributed.py still read from
+# this module; workdir.py and data/records.py hold them.
+BATCH_SPEC_FILE = workdir.BATCH_SPEC_FILE
+absolute, git_commit = workdir.absolute, workdir.git_commit
+read_json, write_json = workdir.read_json, workdir.write_json
+
+
+def run_metadata() -> dict[str, Any]:
+  """workdir.run_metadata for this process's devices and hosts."""
+  return workdir.run_metadata(jax.devices(), jax.process_count())
+
+
+def tokenizer_meta(tokenizer) -> dict[str, Any]:
+  """data.records.tokenizer_meta."""
+  from pretrain_lm.data import records  # TensorFlow: only when asked
+
+  return records.tokenizer_meta(tokenizer)

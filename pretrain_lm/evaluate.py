@@ -63,7 +63,8 @@ import numpy as np
 import tensorflow as tf
 from absl import app, flags, logging
 
-from pretrain_lm import checkpoint, pretrained
+from pretrain_lm import pretrained
+from pretrain_lm import workdir as workdir_lib
 from pretrain_lm.data import sources
 
 # Families whose loss is a pseudo-log-likelihood over masked tokens.
@@ -849,7 +850,7 @@ def evaluate_workdir(
   """
   check_workdir(workdir)
   config = ml_collections.ConfigDict(
-    checkpoint.read_json(os.path.join(workdir, 'config.json'))
+    workdir_lib.read_json(os.path.join(workdir, 'config.json'))
   )
   # Bad data fails before the checkpoint is restored.
   texts = read_documents(config, data, doc_format=doc_format, max_docs=max_docs)
@@ -949,7 +950,7 @@ def run(flag_values: flags.FlagValues) -> dict[str, Any]:
     raise SystemExit(f'error: {e}') from None
   print(format_table(result))
   if f.output:
-    checkpoint.write_json(f.output, result)
+    workdir_lib.write_json(f.output, result)
   print(json.dumps(result, sort_keys=True))
   return result
 

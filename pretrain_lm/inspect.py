@@ -31,6 +31,7 @@ from etils import epath
 
 from pretrain_lm import checkpoint as checkpoint_lib
 from pretrain_lm import goodput
+from pretrain_lm import workdir as workdir_lib
 from pretrain_lm.data import tokenizer as tokenizer_lib
 
 
@@ -59,7 +60,7 @@ def _saved_time(step_dir: str, meta: dict) -> str | None:
   path = os.path.join(step_dir, '_CHECKPOINT_METADATA')
   if not tf.io.gfile.exists(path):
     return None
-  nsecs = checkpoint_lib.read_json(path).get('commit_timestamp_nsecs')
+  nsecs = workdir_lib.read_json(path).get('commit_timestamp_nsecs')
   if not nsecs:
     return None
   # Orbax's timestamps are UTC nanoseconds; shown as the meta's are.
@@ -121,7 +122,7 @@ def describe(workdir: str, step: int | None = None) -> dict[str, Any]:
 
   Raises FileNotFoundError naming the directory when there is no checkpoint.
   """
-  workdir = checkpoint_lib.absolute(workdir)
+  workdir = workdir_lib.absolute(workdir)
   directory = checkpoint_lib.checkpoint_dir(workdir)
   steps = []
   if tf.io.gfile.isdir(directory):
@@ -160,7 +161,7 @@ def describe(workdir: str, step: int | None = None) -> dict[str, Any]:
   run = meta.get('run', {})
   config_path = os.path.join(workdir, 'config.json')
   workdir_config = (
-    checkpoint_lib.read_json(config_path)
+    workdir_lib.read_json(config_path)
     if tf.io.gfile.exists(config_path)
     else None
   )

@@ -45,6 +45,7 @@ from flax import linen as nn
 
 from pretrain_lm import checkpoint as checkpoint_lib
 from pretrain_lm import objectives, sharding
+from pretrain_lm import workdir as workdir_lib
 from pretrain_lm.data import tokenizer as tokenizer_lib
 from pretrain_lm.models import MODELS, ModelConfig, decoder, decoding
 from pretrain_lm.models import encoder_decoder as encoder_decoder_lib
@@ -1024,10 +1025,10 @@ def example_batch(workdir: str, config) -> dict[str, jax.Array]:
   Returns:
     Feature name -> zeros [1, ...] of the training batch's dtype.
   """
-  path = os.path.join(workdir, checkpoint_lib.BATCH_SPEC_FILE)
+  path = os.path.join(workdir, workdir_lib.BATCH_SPEC_FILE)
   if not tf.io.gfile.exists(path):  # a workdir from before the spec file
     return {'input_ids': jnp.zeros((1, config.data.seq_len), jnp.int32)}
-  spec = checkpoint_lib.read_json(path)
+  spec = workdir_lib.read_json(path)
   return {
     k: jnp.zeros((1, *shape), dtype) for k, (shape, dtype) in spec.items()
   }
@@ -1066,7 +1067,7 @@ def load(
     raise FileNotFoundError(
       f'{workdir!r} is not a pretrain_lm workdir: no config.json in it.'
     )
-  config = ml_collections.ConfigDict(checkpoint_lib.read_json(config_path))
+  config = ml_collections.ConfigDict(workdir_lib.read_json(config_path))
   model_config = ModelConfig.from_config(config.model)
   model = MODELS[model_config.family](model_config)
   tokenizer = tokenizer_lib.load_tokenizer(

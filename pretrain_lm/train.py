@@ -28,7 +28,8 @@ from pretrain_lm import (
   validate,
 )
 from pretrain_lm import metrics as metrics_lib
-from pretrain_lm.data import fingerprint, pipeline
+from pretrain_lm import workdir as workdir_lib
+from pretrain_lm.data import fingerprint, pipeline, records
 from pretrain_lm.data import tokenizer as tokenizer_lib
 from pretrain_lm.models import MODELS, ModelConfig
 from pretrain_lm.objectives import OBJECTIVES, loss_fn
@@ -609,7 +610,7 @@ class Trainer:
     # Wall time by cause from here (goodput.py): startup until the loop.
     self.goodput = goodput.Accountant()
     self.config = config
-    self.workdir = workdir = checkpoint_lib.absolute(workdir)
+    self.workdir = workdir = workdir_lib.absolute(workdir)
     use_compilation_cache(config.train.compilation_cache_dir)
     self.is_chief = jax.process_index() == 0
     # Hosts that disagree would hang in a collective or mix checkpoints.
@@ -639,8 +640,8 @@ class Trainer:
     )
     self.batch_shapes = abstract_batch(self._fresh_stream.element_spec)
     if self.is_chief:  # lets pretrain_lm.load build the model's input
-      checkpoint_lib.write_json(
-        os.path.join(workdir, checkpoint_lib.BATCH_SPEC_FILE),
+      workdir_lib.write_json(
+        os.path.join(workdir, workdir_lib.BATCH_SPEC_FILE),
         {
           k: [list(v.shape[1:]), v.dtype.name]
           for k, v in self.batch_shapes.items()
@@ -736,7 +737,7 @@ class Trainer:
       'step': step,
       # One host batch per step since the data stream began.
       'batches_consumed': step - self.data_start_step,
-      'tokenizer': checkpoint_lib.tokenizer_meta(self.tokenizer),
+      'tokenizer': records.tokenizer_meta(self.tokenizer),
       'data': dict(self.data_stream, start_step=self.data_start_step),
       'model_family': self.config.model.family,
       'objective': self.config.objective.name,
@@ -1061,15 +1062,13 @@ def _perplexity(metrics: dict[str, float], prefix: str = '') -> float:
 def write_run_files(config: ml_collections.ConfigDict, workdir: str) -> None:
   """Stores the resolved config and, per start, commit and versions."""
   tf.io.gfile.makedirs(workdir)
-  checkpoint_lib.write_json(
-    os.path.join(workdir, 'config.json'), config.to_dict()
-  )
+  workdir_lib.write_json(os.path.join(workdir, 'config.json'), config.to_dict())
   path = os.path.join(workdir, 'run_metadata.json')
   starts = (
-    checkpoint_lib.read_json(path)['starts'] if tf.io.gfile.exists(path) else []
+    workdir_lib.read_json(path)['starts'] if tf.io.gfile.exists(path) else []
   )
-  starts.append(checkpoint_lib.run_metadata())
-  checkpoint_lib.write_json(path, {'starts': starts})
+  starts.append(workdir_lib.run_metadata(jax.devices(), jax.process_count()))
+  workdir_lib.write_json(path, {'starts': starts})
 
 
 def check_tokenizer_matches(meta, tokenizer, checkpointer) -> None:

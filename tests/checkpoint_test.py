@@ -15,6 +15,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from pretrain_lm import checkpoint as ckpt
+from pretrain_lm import workdir as workdir_lib
 
 
 def make_state(step: int, mesh=None) -> dict:
@@ -460,7 +461,9 @@ def test_trainer_retention_corruption_and_never_starting_over(tmp_path):
   assert sorted(evals) == [2, 4, 6]
   worst = max(evals, key=lambda s: (evals[s], s))
   assert sorted(map(int, os.listdir(directory))) == sorted({6, worst, 3})
-  meta = ckpt.read_json(os.path.join(directory, str(worst), 'meta', 'metadata'))
+  meta = workdir_lib.read_json(
+    os.path.join(directory, str(worst), 'meta', 'metadata')
+  )
   assert meta['eval_metrics']['eval_loss'] == evals[worst]
   assert 'params/token_embed/embedding' in meta['checksums']
 

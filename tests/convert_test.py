@@ -22,6 +22,7 @@ from flax import linen as nn
 import pretrain_lm
 from pretrain_lm import checkpoint as checkpoint_lib
 from pretrain_lm import configlib, validate
+from pretrain_lm import workdir as workdir_lib
 from pretrain_lm.convert import hf
 from pretrain_lm.data import tokenizer as tokenizer_lib
 from pretrain_lm.models import MODELS, ModelConfig
@@ -179,7 +180,7 @@ def test_minilm_export_reproduces_the_source_file(
 
 def test_imported_workdir_restores_for_init_from(minilm_workdir):
   """checkpoint.init_from: params of the config's model, or a subtree."""
-  config = checkpoint_lib.read_json(os.path.join(minilm_workdir, 'config.json'))
+  config = workdir_lib.read_json(os.path.join(minilm_workdir, 'config.json'))
   cfg = ModelConfig.from_config(config['model'])
   source = checkpoint_lib.Checkpointer(
     checkpoint_lib.checkpoint_dir(minilm_workdir), keep=0, read_only=True

@@ -13,6 +13,7 @@ import pytest
 import pretrain_lm
 from pretrain_lm import checkpoint
 from pretrain_lm import inspect as inspect_lib
+from pretrain_lm import workdir as workdir_lib
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -29,7 +30,7 @@ def test_describe_lists_checkpoints_and_describes_one(trained):
   assert listed['bytes'] > 100_000 and listed['saved'].endswith('Z')
   assert 'eval_loss' in listed['eval']
   c = d['checkpoint']
-  assert c['recorded'] and c['git_commit'] == checkpoint.git_commit()
+  assert c['recorded'] and c['git_commit'] == workdir_lib.git_commit()
   assert c['versions']['jax'] == jax.__version__
   assert c['mesh'] == {'data': 8, 'fsdp': 1, 'tensor': 1}
   assert c['process_count'] == 1 and c['device_count'] == 8
@@ -65,9 +66,9 @@ def test_describe_lists_checkpoints_and_describes_one(trained):
 def test_config_diff_and_missing_checkpoints(trained, tmp_path, capsys):
   work = str(tmp_path / 'run')
   shutil.copytree(trained, work)
-  config = checkpoint.read_json(f'{work}/config.json')
+  config = workdir_lib.read_json(f'{work}/config.json')
   config['optimizer']['learning_rate'] = 0.5
-  checkpoint.write_json(f'{work}/config.json', config)
+  workdir_lib.write_json(f'{work}/config.json', config)
   diff = inspect_lib.describe(work)['checkpoint']['config_diff_vs_config_json']
   assert list(diff) == ['optimizer.learning_rate'] and diff[
     'optimizer.learning_rate'

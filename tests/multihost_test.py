@@ -138,11 +138,11 @@ def test_mismatch_message_names_processes_and_fields():
 
 
 def test_git_commit_from_launcher_environment(monkeypatch):
-  from pretrain_lm import checkpoint
+  from pretrain_lm import workdir as workdir_lib
 
   # A copy of the code without .git (launch/tpu_pod.sh) is told its commit.
   monkeypatch.setenv('PRETRAIN_LM_GIT_COMMIT', 'abc123+dirty')
-  assert checkpoint.git_commit() == 'abc123+dirty'
+  assert workdir_lib.git_commit() == 'abc123+dirty'
 
 
 # --- Two processes on this machine ---
@@ -391,15 +391,16 @@ def test_workdir_files_use_gfile_not_local_paths():
   import tensorflow as tf
 
   from pretrain_lm import checkpoint, metrics
+  from pretrain_lm import workdir as workdir_lib
 
   workdir = 'ram://multihost_test/run'
-  assert checkpoint.absolute(workdir) == workdir
-  assert checkpoint.absolute('gs://bucket/run') == 'gs://bucket/run'
+  assert workdir_lib.absolute(workdir) == workdir
+  assert workdir_lib.absolute('gs://bucket/run') == 'gs://bucket/run'
   c = load_config('bert', 'size=tiny')
   train.write_run_files(c, workdir)
-  meta = checkpoint.read_json(f'{workdir}/run_metadata.json')
+  meta = workdir_lib.read_json(f'{workdir}/run_metadata.json')
   assert len(meta['starts']) == 1
-  assert checkpoint.read_json(f'{workdir}/config.json') == json.loads(
+  assert workdir_lib.read_json(f'{workdir}/config.json') == json.loads(
     json.dumps(c.to_dict())
   )
   assert checkpoint.checkpoint_dir(workdir) == workdir

@@ -15,7 +15,7 @@ import pytest
 import tensorflow as tf
 from array_record.python import array_record_module
 
-from pretrain_lm import checkpoint, configlib
+from pretrain_lm import configlib
 from pretrain_lm.data import pipeline, prepared, records
 from pretrain_lm.data import tokenizer as tokenizer_lib
 
@@ -81,7 +81,7 @@ def write_corpus(directory, docs, tokenizer, *, shards=3, eval_docs=()):
     'packing': 'full_sentences',
     'tokenizer': {
       'file': records.TOKENIZER_FILE,
-      'sha256': checkpoint.tokenizer_meta(tokenizer)['sha256'],
+      'sha256': records.tokenizer_meta(tokenizer)['sha256'],
     },
     'splits': splits,
     'key': hashlib.sha256(str(directory).encode()).hexdigest()[:16],

@@ -12,6 +12,7 @@ from sentencepiece import sentencepiece_model_pb2
 
 import pretrain_lm
 from pretrain_lm import checkpoint, configlib, train
+from pretrain_lm import workdir as workdir_lib
 from pretrain_lm.data import fingerprint, pipeline
 from pretrain_lm.data import tokenizer as tokenizer_lib
 from pretrain_lm.finetune import trainer as finetune_trainer
@@ -34,7 +35,7 @@ def copy_of(workdir: str, tmp_path) -> str:
 def config_of(workdir: str, **overrides) -> ml_collections.ConfigDict:
   """A run's config as first saved, with steps left to train, changed."""
   c = ml_collections.ConfigDict(
-    checkpoint.read_json(os.path.join(workdir, 'config.json'))
+    workdir_lib.read_json(os.path.join(workdir, 'config.json'))
   )
   c.train.num_steps = 2 * STEPS
   for key, value in overrides.items():
@@ -81,9 +82,9 @@ def test_checkpoint_meta_records_tokenizer_stream_and_run(trained):
   assert 'data.eval_batches' not in fields
   assert 'objective.disc_weight' not in fields
   run = meta['run']
-  assert run['config'] == checkpoint.read_json(f'{trained}/config.json')
+  assert run['config'] == workdir_lib.read_json(f'{trained}/config.json')
   assert run['versions']['jax'] == jax.__version__
-  assert run['git_commit'] == checkpoint.git_commit()
+  assert run['git_commit'] == workdir_lib.git_commit()
   assert run['mesh'] == {'data': 8, 'fsdp': 1, 'tensor': 1}
   assert run['process_count'] == 1 and run['device_count'] == 8
   assert run['device_kind'] and run['saved'].endswith('Z')
@@ -228,7 +229,7 @@ def test_tokenizer_hash_is_checked_on_resume_load_and_finetune(
 
   # A checkpoint from before the hash was stored still loads.
   meta_path = os.path.join(work, 'checkpoints', str(STEPS), 'meta', 'metadata')
-  meta = checkpoint.read_json(meta_path)
+  meta = workdir_lib.read_json(meta_path)
   del meta['tokenizer']['sha256']
-  checkpoint.write_json(meta_path, meta)
+  workdir_lib.write_json(meta_path, meta)
   assert pretrain_lm.load(work).step == STEPS

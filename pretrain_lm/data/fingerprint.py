@@ -14,7 +14,6 @@ from typing import Any
 import ml_collections
 from etils import epath
 
-from pretrain_lm import checkpoint
 from pretrain_lm.data import pipeline, prepared, records, sources
 
 # objective.* fields that only a loss reads: changing one mid-run leaves
@@ -76,7 +75,7 @@ def data_stream(
     'data.batch_size': d.batch_size,
     'data.shuffle_buffer': d.shuffle_buffer,
     'data.seed': d.seed,
-    'tokenizer.sha256': checkpoint.tokenizer_meta(tokenizer)['sha256'],
+    'tokenizer.sha256': records.tokenizer_meta(tokenizer)['sha256'],
     # Each host reads its own shard of the documents.
     'process_count': process_count,
   }
@@ -125,7 +124,7 @@ def _prepared_fields(config: ml_collections.ConfigDict, tokenizer):
     'data.packing': d.packing,
     'data.batch_size': d.batch_size,
     'data.seed': d.seed,
-    'tokenizer.sha256': checkpoint.tokenizer_meta(tokenizer)['sha256'],
+    'tokenizer.sha256': records.tokenizer_meta(tokenizer)['sha256'],
     **_objective_fields(config),
   }
 

@@ -15,7 +15,7 @@ import numpy as np
 import tensorflow as tf
 
 from pretrain_lm import objectives
-from pretrain_lm.data import prepared, sources
+from pretrain_lm.data import prepared, records, sources
 from pretrain_lm.data import tokenizer as tokenizer_lib
 from pretrain_lm.data.sources import no_autograph
 
@@ -721,10 +721,7 @@ def _prepared_dataset(
 
 def _check_prepared_tokenizer(stream: prepared.Stream, tokenizer) -> None:
   """The run's tokenizer must be the one the rows were made with."""
-  # Imported here: checkpoint is heavy and only needed for its hash helper.
-  from pretrain_lm import checkpoint
-
-  sha = checkpoint.tokenizer_meta(tokenizer)['sha256']
+  sha = records.tokenizer_meta(tokenizer)['sha256']
   for corpus in stream.corpora:
     if corpus.manifest['tokenizer']['sha256'] != sha:
       raise ValueError(

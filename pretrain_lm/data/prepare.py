@@ -66,7 +66,14 @@ from absl import app, flags, logging
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from pretrain_lm import objectives
-from pretrain_lm.data import pipeline, ranges, records, shards, sources
+from pretrain_lm.data import (
+  fingerprint,
+  pipeline,
+  ranges,
+  records,
+  shards,
+  sources,
+)
 from pretrain_lm.data import tokenizer as tokenizer_lib
 
 DEFAULT_BEAM_OPTIONS = (
@@ -126,8 +133,6 @@ def _fingerprint(spec: str, split: str) -> str:
     return ''
   if sources._is_tfds(spec):
     return f'{spec} split {split}'
-  from pretrain_lm.data import fingerprint  # imports orbax: driver only
-
   return fingerprint._files_identity(spec)
 
 
@@ -345,15 +350,13 @@ def prepare(
       )
     print(f'--overwrite: rm {existing}')
     tf.io.gfile.remove(existing)
-  from pretrain_lm import checkpoint  # imports orbax: driver only
-
   tok = tokenizer_lib.setup_tokenizer(
     d,
     vocab_size=config.model.vocab_size,
     workdir=output,
     reserved_ids=objectives.num_reserved_ids(objective, config.objective),
   )
-  meta = checkpoint.tokenizer_meta(tok)
+  meta = records.tokenizer_meta(tok)
   fields = fields_for(meta['sha256'])
   key = _sha256_json(fields)[:16]
   all_ranges = ranges.make_ranges(d, range_mb, tfds_pieces)

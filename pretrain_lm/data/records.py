@@ -103,6 +103,20 @@ def file_sha256(path: str, chunk_bytes: int = 1 << 22) -> str:
   return digest.hexdigest()
 
 
+def tokenizer_meta(tokenizer) -> dict[str, Any]:
+  """The tokenizer facts a manifest and a checkpoint store.
+
+  Its size, special ids and file hash: a corpus or a checkpoint made with
+  another tokenizer means something else by the same ids.
+  """
+  return {
+    'vocab_size': tokenizer.vocab_size,
+    'special_ids': tokenizer.special_ids,
+    # Every tokenizer kind is one file (pretrain_lm.data.tokenizer).
+    'sha256': hashlib.sha256(tokenizer.model_bytes()).hexdigest(),
+  }
+
+
 def write_json_atomic(path: str, value: Any) -> None:
   """Writes JSON to a temporary name, then renames it over `path`.
 
