@@ -10,7 +10,8 @@ From Python, the same two operations:
   convert.export_hf('workdirs/quickstart', 'workdirs/quickstart_hf')
 
 See pretrain_lm/convert/hf.py; one module per architecture holds its tensor
-table (bert.py for BERT and RoBERTa, gpt2.py, t5.py, bart.py).
+table (bert.py for BERT and RoBERTa, gpt2.py, t5.py, bart.py), and
+tokenizer.py converts the tokenizer files.
 """
 
 from pretrain_lm.convert.hf import FORMATS, export_hf, import_hf

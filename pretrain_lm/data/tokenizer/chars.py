@@ -1,11 +1,15 @@
 """The character tokenizer: one id per Unicode code point."""
 
-import json
 from collections.abc import Iterable
 
 import tensorflow as tf
 
-from pretrain_lm.data.tokenizer.base import CHAR_TYPE, SPECIAL_PIECES, Tokenizer
+from pretrain_lm.data.tokenizer.base import (
+  CHAR_TYPE,
+  SPECIAL_PIECES,
+  Tokenizer,
+  parse_json,
+)
 
 
 class CharTfTokenizer:
@@ -28,11 +32,8 @@ class CharTfTokenizer:
 
 def _parse_chars(model_bytes: bytes) -> list[str] | None:
   """The "chars" of a char tokenizer file, or None if it is not one."""
-  try:
-    spec = json.loads(model_bytes.decode('utf-8'))
-  except ValueError:  # UnicodeDecodeError and JSONDecodeError included
-    return None
-  if not isinstance(spec, dict) or spec.get('type') != CHAR_TYPE:
+  spec = parse_json(model_bytes)
+  if spec is None or spec.get('type') != CHAR_TYPE:
     return None
   chars = spec.get('chars')
   if not isinstance(chars, list) or not chars:
