@@ -3,6 +3,8 @@
 import io
 import json
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -384,3 +386,22 @@ def test_char_vocab_larger_than_model(tmp_path):
     config, vocab_size=15, workdir=str(tmp_path)
   )
   assert tok.vocab_size == 15
+
+
+def test_package_imports_nothing_above_data():
+  """The tokenizers load without the converters, models or checkpointing.
+
+  convert/ imports the tokenizers (for the Hugging Face files), never the
+  other way round.
+  """
+  code = (
+    'import json, sys, pretrain_lm.data.tokenizer; '
+    'print(json.dumps([m for m in sys.modules if "pretrain_lm." in m]))'
+  )
+  out = subprocess.run(
+    [sys.executable, '-c', code], capture_output=True, text=True, check=True
+  )
+  loaded = json.loads(out.stdout.strip().splitlines()[-1])
+  above = ('convert', 'models', 'objectives', 'checkpoint', 'training')
+  assert 'pretrain_lm.data.tokenizer.workdir' in loaded
+  assert [m for m in loaded if m.split('.')[1] in above] == []
