@@ -632,9 +632,11 @@ class Trainer:
     )
     # Shapes come from the pipeline itself, so model and data cannot disagree.
     # A fresh run reads this very stream (_stage_data): built once.
+    self.row_transform = objectives.row_transform(config)
     self._fresh_stream = pipeline.train_dataset(
       config,
       self.tokenizer,
+      self.row_transform,
       process_index=jax.process_index(),
       process_count=jax.process_count(),
     )
@@ -882,6 +884,7 @@ class Trainer:
       ds = pipeline.train_dataset(
         cfg,
         self.tokenizer,
+        objectives.row_transform(cfg),  # this stage's row length
         start_batch=start_batch,
         process_index=jax.process_index(),
         process_count=jax.process_count(),
@@ -931,6 +934,7 @@ class Trainer:
     eval_data = pipeline.eval_batches(
       cfg,
       self.tokenizer,
+      self.row_transform,
       process_index=jax.process_index(),
       process_count=jax.process_count(),
     )
@@ -984,7 +988,9 @@ class Trainer:
           cfg, jax.process_index(), jax.process_count()
         )
         # A prepared mixture's share so far, per corpus.
-        shares = pipeline.tokens_per_source(cfg, step - self.data_start_step)
+        shares = pipeline.tokens_per_source(
+          cfg, self.row_transform.row_length, step - self.data_start_step
+        )
         writer.write(
           step,
           {

@@ -285,7 +285,7 @@ def check_config(config: ml_collections.ConfigDict) -> None:
 
   from pretrain_lm.data import pipeline, prepared, sources
   from pretrain_lm.data import tokenizer as tokenizer_lib
-  from pretrain_lm.objectives import OBJECTIVES
+  from pretrain_lm.objectives import OBJECTIVES, row_transform
 
   m, d, t, c = config.model, config.data, config.train, config.checkpoint
   _require(
@@ -372,10 +372,11 @@ def check_config(config: ml_collections.ConfigDict) -> None:
   ModelConfig.from_config(m)  # its own checks, before tokenizer training
   if prepared.is_prepared(d.source):
     # Manifests and shard sizes, the row length, packing and tokenizer.
-    pipeline.prepared_stream(config, 'train')
+    pipeline.prepared_stream(config, row_transform(config).row_length)
   evaluated = sources.eval_source(d)
   if prepared.is_prepared(evaluated or d.source):
-    pipeline.prepared_stream(config, 'eval')
+    row_length = row_transform(config).row_length
+    pipeline.prepared_stream(config, row_length, 'eval')
   if not prepared.is_prepared(d.source) or (
     evaluated and not prepared.is_prepared(evaluated)
   ):

@@ -22,7 +22,7 @@ import pytest
 from conftest import REPO, assert_trees_equal, load_config, read_metrics
 
 import pretrain_lm
-from pretrain_lm import configlib, train
+from pretrain_lm import configlib, objectives, train
 from pretrain_lm.objectives import OBJECTIVES
 
 CONFIGS = sorted(
@@ -208,7 +208,9 @@ def test_word_masking_presets_predict_whole_words(tmp_path, tokenizer_path):
       tokenizer.sep_id,
       tokenizer.mask_id,
     ]
-    batches = pipeline.train_dataset(c, tokenizer).take(4)
+    batches = pipeline.train_dataset(
+      c, tokenizer, objectives.row_transform(c)
+    ).take(4)
     chosen[masking], splits[masking] = [], 0
     for batch in batches.as_numpy_iterator():
       for r, corrupted in enumerate(batch['input_ids']):

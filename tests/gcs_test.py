@@ -449,7 +449,7 @@ def test_prepared_corpus_written_to_gcs_reads_the_local_batches(
   import tensorflow as tf
   from conftest import load_config
 
-  from pretrain_lm import configlib
+  from pretrain_lm import configlib, objectives
   from pretrain_lm.data import pipeline, prepare, records
   from pretrain_lm.data import tokenizer as tokenizer_lib
 
@@ -472,6 +472,7 @@ def test_prepared_corpus_written_to_gcs_reads_the_local_batches(
     prepare.prepare(
       config,
       output,
+      objectives.row_transform(config),
       range_mb=0.01,
       beam_options='--direct_running_mode=in_memory',
       progress=False,
@@ -492,8 +493,10 @@ def test_prepared_corpus_written_to_gcs_reads_the_local_batches(
       os.path.join(directory, records.TOKENIZER_FILE)
     )
     if split == 'eval':
-      return pipeline.eval_batches(c, tok)
-    ds = pipeline.train_dataset(c, tok, start_batch=3)
+      return pipeline.eval_batches(c, tok, objectives.row_transform(c))
+    ds = pipeline.train_dataset(
+      c, tok, objectives.row_transform(c), start_batch=3
+    )
     return list(ds.take(4).as_numpy_iterator())
 
   assert tf.io.gfile.glob(f'{remote}/train-*.array_record')

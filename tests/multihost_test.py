@@ -19,7 +19,7 @@ import pytest
 from conftest import COMPILE_FLAGS, REPO, load_config, read_metrics
 
 import pretrain_lm
-from pretrain_lm import distributed, sharding, train
+from pretrain_lm import distributed, objectives, sharding, train
 from pretrain_lm.data import pipeline
 
 BERT = os.path.join(REPO, 'configs', 'bert.py')
@@ -226,7 +226,11 @@ def reference_run(workdir, overrides):
   state = trainer.initial_state()
   hosts = [
     pipeline.train_iterator(
-      c, trainer.tokenizer, process_index=i, process_count=2
+      c,
+      trainer.tokenizer,
+      objectives.row_transform(c),
+      process_index=i,
+      process_count=2,
     )
     for i in range(2)
   ]
@@ -353,6 +357,7 @@ def test_prepared_run_saved_on_two_processes_resumes_on_one(
   prepare.prepare(
     c,
     str(corpus),
+    objectives.row_transform(c),
     range_mb=0.3,
     beam_options='--direct_running_mode=in_memory',
     progress=False,

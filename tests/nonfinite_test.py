@@ -23,7 +23,7 @@ from conftest import (
 
 import pretrain_lm
 from pretrain_lm import checkpoint as checkpoint_lib
-from pretrain_lm import sharding, train
+from pretrain_lm import objectives, sharding, train
 from pretrain_lm.data import pipeline
 
 VOCAB = 512
@@ -79,7 +79,9 @@ def test_nonfinite_step_is_skipped_and_leaves_no_trace(trainer, accum):
   c = trainer.config
   # With 2 microbatches the NaN sits in the first of them.
   step_fn = trainer.train_step if accum == 1 else trainer.jit_step(accum)
-  data = pipeline.train_iterator(c, trainer.tokenizer)
+  data = pipeline.train_iterator(
+    c, trainer.tokenizer, objectives.row_transform(c)
+  )
   good1, good2 = next(data), next(data)
   bad = poison(next(data), c.model.vocab_size)
   to_global = functools.partial(sharding.host_to_global, mesh=trainer.mesh)

@@ -338,7 +338,9 @@ def _unmask(batch):
 
 
 def _batches(config, corpus, num, **kwargs):
-  it = pipeline.train_iterator(config, corpus['tokenizer'], **kwargs)
+  it = pipeline.train_iterator(
+    config, corpus['tokenizer'], objectives.row_transform(config), **kwargs
+  )
   return list(itertools.islice(it, num))
 
 
@@ -362,7 +364,11 @@ def test_first_epoch_is_the_packed_corpus(corpus, packing):
 
 
 def test_static_shapes_and_dtypes(corpus):
-  ds = pipeline.train_dataset(_config(corpus), corpus['tokenizer'])
+  ds = pipeline.train_dataset(
+    _config(corpus),
+    corpus['tokenizer'],
+    objectives.row_transform(_config(corpus)),
+  )
   p = 5  # ceil(0.15 * 32)
   specs = {k: (v.shape.as_list(), v.dtype) for k, v in ds.element_spec.items()}
   assert specs == {
@@ -402,8 +408,17 @@ def test_no_function_goes_through_autograph(corpus, doc_format, monkeypatch):
     if packing == 'doc_sentences':  # + partner rows
       config.objective.sentence_task = 'nsp'
       config.model.pooler = True
-    next(pipeline.train_iterator(config, corpus['tokenizer'], start_batch=9))
-    pipeline.eval_batches(config, corpus['tokenizer'])
+    next(
+      pipeline.train_iterator(
+        config,
+        corpus['tokenizer'],
+        objectives.row_transform(config),
+        start_batch=9,
+      )
+    )
+    pipeline.eval_batches(
+      config, corpus['tokenizer'], objectives.row_transform(config)
+    )
   assert not converted
   # The probe is live: an unwrapped function is seen.
   tf.data.Dataset.range(3).map(lambda x: x + 1)
@@ -449,9 +464,11 @@ def test_cached_tokens_give_the_same_stream(corpus, fresh_stream):
     _config(corpus, cache_tokens=True), corpus, 4, start_batch=start
   )
   _assert_same_batches(got, stream[start : start + 4])
-  assert pipeline.rows_per_epoch(_config(corpus), corpus['tokenizer']) == (
-    rows_per_epoch
-  )
+  assert pipeline.rows_per_epoch(
+    _config(corpus),
+    corpus['tokenizer'],
+    objectives.row_transform(_config(corpus)),
+  ) == (rows_per_epoch)
 
 
 def test_cached_tokens_are_not_read_again(corpus, tmp_path):
@@ -468,7 +485,9 @@ def test_cached_tokens_are_not_read_again(corpus, tmp_path):
     source.write_text('\n'.join(corpus['train']) + '\n')
     config = _config(corpus, cache_tokens=cache_tokens)
     config.data.source = str(source)
-    it = pipeline.train_iterator(config, corpus['tokenizer'])
+    it = pipeline.train_iterator(
+      config, corpus['tokenizer'], objectives.row_transform(config)
+    )
     got = list(itertools.islice(it, replace_after))
     # A new file (os.replace), as an edit would leave: open readers keep
     # the old one.
@@ -502,6 +521,7 @@ def test_restart_reproduces_next_sentence_pairs(corpus):
     for _ in pipeline._rows(
       nsp_config(),
       corpus['tokenizer'],
+      objectives.row_transform(nsp_config()),
       split='train',
       process_index=0,
       process_count=1,
@@ -537,8 +557,12 @@ def test_epochs_differ_in_order_and_masks(corpus, fresh_stream):
 
 def test_eval_batches(corpus):
   config = _config(corpus)
-  first = pipeline.eval_batches(config, corpus['tokenizer'])
-  second = pipeline.eval_batches(config, corpus['tokenizer'])
+  first = pipeline.eval_batches(
+    config, corpus['tokenizer'], objectives.row_transform(config)
+  )
+  second = pipeline.eval_batches(
+    config, corpus['tokenizer'], objectives.row_transform(config)
+  )
   assert len(first) == 3
   _assert_same_batches(first, second)
   # Not shuffled: the eval corpus's packed rows, in order.
@@ -552,7 +576,9 @@ def test_eval_batches(corpus):
 def test_eval_split_too_small(corpus):
   config = _config(corpus, eval_batches=1000)
   with pytest.raises(ValueError, match='data.eval_batches'):
-    pipeline.eval_batches(config, corpus['tokenizer'])
+    pipeline.eval_batches(
+      config, corpus['tokenizer'], objectives.row_transform(config)
+    )
 
 
 def test_hosts_get_their_share(corpus):
@@ -571,7 +597,10 @@ def test_hosts_get_their_share(corpus):
 def test_batch_not_divisible_by_hosts(corpus):
   with pytest.raises(ValueError, match='data.batch_size=4'):
     pipeline.train_dataset(
-      _config(corpus), corpus['tokenizer'], process_count=3
+      _config(corpus),
+      corpus['tokenizer'],
+      objectives.row_transform(_config(corpus)),
+      process_count=3,
     )
 
 
@@ -580,12 +609,14 @@ def test_corpus_too_small_for_a_batch(corpus, tmp_path):
   tiny.write_text('just a few words\n')
   config = _config(corpus, source=str(tiny))
   with pytest.raises(ValueError, match='tiny.txt'):
-    pipeline.train_dataset(config, corpus['tokenizer'])
+    pipeline.train_dataset(
+      config, corpus['tokenizer'], objectives.row_transform(config)
+    )
 
 
 def test_row_length_defaults_to_seq_len():
   config = configlib.base_config()
-  assert pipeline.row_length(config) == config.data.seq_len
+  assert objectives.row_transform(config).row_length == config.data.seq_len
 
 
 @pytest.fixture
@@ -618,7 +649,7 @@ def test_char_file_slices_concat(corpus, rows_objective, tmp_path):
     shuffle_buffer=1,
   )
   row_len = 16
-  assert pipeline.row_length(config) == row_len
+  assert objectives.row_transform(config).row_length == row_len
   tok = tokenizer_lib.setup_tokenizer(
     config.data, vocab_size=300, workdir=str(tmp_path / 'run')
   )
@@ -627,7 +658,10 @@ def test_char_file_slices_concat(corpus, rows_objective, tmp_path):
   want = reference_features([tok.encode(text[:cut])], row_len, 'concat')
   num_batches = len(want['input_ids']) // BATCH
   batches = list(
-    itertools.islice(pipeline.train_iterator(config, tok), num_batches)
+    itertools.islice(
+      pipeline.train_iterator(config, tok, objectives.row_transform(config)),
+      num_batches,
+    )
   )
   got = {k: np.concatenate([b[k] for b in batches]) for k in want}
   _assert_features_equal(
@@ -639,7 +673,7 @@ def test_char_file_slices_concat(corpus, rows_objective, tmp_path):
   # The eval slice is the rest of the file, its new characters [UNK].
   want = reference_features([tok.encode(text[cut:])], row_len, 'concat')
   config.data.eval_batches = len(want['input_ids']) // BATCH
-  evals = pipeline.eval_batches(config, tok)
+  evals = pipeline.eval_batches(config, tok, objectives.row_transform(config))
   got = np.concatenate([b['input_ids'] for b in evals])
   np.testing.assert_array_equal(got, want['input_ids'][: len(got)])
   assert (got == tok.unk_id).sum() >= 4  # Ü, ï, ö, é at least

@@ -12,7 +12,7 @@ import tensorflow as tf
 from array_record.python.array_record_module import ArrayRecordReader
 from conftest import REPO, load_config
 
-from pretrain_lm import configlib
+from pretrain_lm import configlib, objectives
 from pretrain_lm.data import pipeline, prepare, ranges, records, shards
 from pretrain_lm.data import tokenizer as tokenizer_lib
 
@@ -50,7 +50,13 @@ def _config(tokenizer_path, source, packing='full_sentences', **data):
 
 def _prepare(config, output, **kwargs):
   kwargs.setdefault('beam_options', IN_MEMORY)
-  return prepare.prepare(config, str(output), progress=False, **kwargs)
+  return prepare.prepare(
+    config,
+    str(output),
+    objectives.row_transform(config),
+    progress=False,
+    **kwargs,
+  )
 
 
 def _rows(path):
@@ -162,7 +168,12 @@ def test_one_range_is_the_raw_text_pipeline(corpus, tokenizer_path, tmp_path):
   for split in records.SPLITS:
     (shard,) = manifest['splits'][split]['shards']
     raw = pipeline._rows(
-      config, tok, split=split, process_index=0, process_count=1
+      config,
+      tok,
+      objectives.row_transform(config),
+      split=split,
+      process_index=0,
+      process_count=1,
     )
     expected = [r['input_ids'].tolist() for r in raw.as_numpy_iterator()]
     assert [r['input_ids'] for r in _rows(tmp_path / shard['file'])] == expected

@@ -15,7 +15,7 @@ import pytest
 import tensorflow as tf
 from array_record.python import array_record_module
 
-from pretrain_lm import configlib
+from pretrain_lm import configlib, objectives
 from pretrain_lm.data import pipeline, prepared, records
 from pretrain_lm.data import tokenizer as tokenizer_lib
 
@@ -116,7 +116,9 @@ def _config(source, **data):
 
 
 def _batches(config, tok, num, **kwargs):
-  ds = pipeline.train_dataset(config, tok, **kwargs)
+  ds = pipeline.train_dataset(
+    config, tok, objectives.row_transform(config), **kwargs
+  )
   return list(ds.take(num).as_numpy_iterator())
 
 
@@ -192,7 +194,9 @@ def test_mixture_positions_map_onto_each_source_without_gaps():
 
 def test_an_epoch_reads_every_row_once_in_a_new_order(setup):
   config = _config(f'prepared:{setup["root"] / "a"}')
-  stream = pipeline.prepared_stream(config)
+  stream = pipeline.prepared_stream(
+    config, objectives.row_transform(config).row_length
+  )
   size = stream.sizes[0]
   k, n = stream.source_of(tf.range(2 * size, dtype=tf.int64))
   epoch, rows = stream.row_of(k, n)
@@ -214,7 +218,9 @@ def _unmasked(batch):
 def test_batches_are_the_stored_rows_in_the_permuted_order(setup):
   tok = setup['tokenizer']
   config = _config(f'prepared:{setup["root"] / "a"}')
-  stream = pipeline.prepared_stream(config)
+  stream = pipeline.prepared_stream(
+    config, objectives.row_transform(config).row_length
+  )
   got = _batches(config, tok, 3, start_batch=4)
   positions = tf.range(4 * BATCH, 7 * BATCH, dtype=tf.int64)
   _, rows = stream.row_of(*stream.source_of(positions))
@@ -252,12 +258,14 @@ def test_mixture_metrics_and_eval_per_corpus(setup):
   tok = setup['tokenizer']
   a, b = setup['root'] / 'a', setup['root'] / 'b'
   config = _config(f'prepared:{a}:0.7,prepared:{b}:0.3')
-  shares = pipeline.tokens_per_source(config, 1000)
+  shares = pipeline.tokens_per_source(
+    config, objectives.row_transform(config).row_length, 1000
+  )
   total = 1000 * BATCH * SEQ_LEN
   assert shares.keys() == {'data/tokens_a', 'data/tokens_b'}
   assert sum(shares.values()) == total
   assert abs(shares['data/tokens_a'] / total - 0.7) < 0.01
-  evals = pipeline.eval_batches(config, tok)
+  evals = pipeline.eval_batches(config, tok, objectives.row_transform(config))
   assert evals.keys() == {'a', 'b'}
   assert all(len(v) == 2 for v in evals.values())
   # Each corpus' eval rows in stored order, each row masked its own way.
@@ -270,7 +278,11 @@ def test_mixture_metrics_and_eval_per_corpus(setup):
   masks = {tuple(p) for p in evals['a'][0]['masked_positions']}
   assert len(masks) > BATCH // 2
   # The bundled WikiText-2 file is not the eval set of a prepared source.
-  single = pipeline.eval_batches(_config(f'prepared:{a}'), tok)
+  single = pipeline.eval_batches(
+    _config(f'prepared:{a}'),
+    tok,
+    objectives.row_transform(_config(f'prepared:{a}')),
+  )
   assert isinstance(single, list) and len(single) == 2
   assert pipeline.skipped_input(config) == {'data/skipped_invalid_utf8': 4}
 
@@ -285,7 +297,12 @@ def test_startup_reads_only_the_manifest(setup, monkeypatch):
     lambda *a, **k: opened.append(a) or real(*a, **k),
   )
   config = _config(f'prepared:{setup["root"] / "a"}')
-  pipeline.train_dataset(config, setup['tokenizer'], start_batch=10**6)
+  pipeline.train_dataset(
+    config,
+    setup['tokenizer'],
+    objectives.row_transform(config),
+    start_batch=10**6,
+  )
   assert opened == []
 
 
@@ -298,7 +315,7 @@ def _copy(setup, tmp_path, name='a'):
 
 def _fails(config, tok, match):
   with pytest.raises((ValueError, FileNotFoundError), match=match):
-    pipeline.train_dataset(config, tok)
+    pipeline.train_dataset(config, tok, objectives.row_transform(config))
 
 
 def test_bad_corpora_fail_naming_the_file_or_field(setup, tmp_path):
@@ -316,7 +333,11 @@ def test_bad_corpora_fail_naming_the_file_or_field(setup, tmp_path):
   flipped = bytearray(data)
   flipped[len(data) // 2] ^= 0xFF
   shard.write_bytes(bytes(flipped))
-  pipeline.train_dataset(_config(f'prepared:{d}'), tok)
+  pipeline.train_dataset(
+    _config(f'prepared:{d}'),
+    tok,
+    objectives.row_transform(_config(f'prepared:{d}')),
+  )
   # Reading the spoilt chunk fails naming the shard (Riegeli's hashes).
   corpus = prepared.Corpus.cached(prepared.parse_source(f'prepared:{d}')[0])
   first = corpus.split('train')['shards'][0]['rows']

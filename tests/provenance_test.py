@@ -13,7 +13,7 @@ import sys
 import pytest
 from conftest import REPO, load_config
 
-from pretrain_lm import configlib
+from pretrain_lm import configlib, objectives
 from pretrain_lm.data import pipeline, prepare, provenance
 from pretrain_lm.data import tokenizer as tokenizer_lib
 
@@ -47,6 +47,7 @@ def run(tmp_path_factory):
   prepare.prepare(
     c,
     str(root / 'prepared'),
+    objectives.row_transform(c),
     range_mb=0.02,
     beam_options='--direct_running_mode=in_memory',
     progress=False,
@@ -77,7 +78,11 @@ def _contains(haystack, needle):
 def test_documents_are_the_ones_the_batch_was_made_of(run, step):
   c, tok = run
   rows = provenance.batch_documents(c, step)
-  batch = next(pipeline.train_iterator(c, tok, start_batch=step))
+  batch = next(
+    pipeline.train_iterator(
+      c, tok, objectives.row_transform(c), start_batch=step
+    )
+  )
   ids = batch['input_ids'].copy()
   for b in range(BATCH):  # undo the MLM masking
     real = batch['masked_weights'][b] > 0

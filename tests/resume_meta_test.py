@@ -11,7 +11,7 @@ import pytest
 from sentencepiece import sentencepiece_model_pb2
 
 import pretrain_lm
-from pretrain_lm import checkpoint, configlib, train
+from pretrain_lm import checkpoint, configlib, objectives, train
 from pretrain_lm import workdir as workdir_lib
 from pretrain_lm.data import fingerprint, pipeline
 from pretrain_lm.data import tokenizer as tokenizer_lib
@@ -55,7 +55,9 @@ def trainer_batch(trainer: train.Trainer, step: int) -> dict:
 
 def stream_batch(config, tokenizer, index: int) -> dict:
   """Batch `index` of the config's stream, opened at its start."""
-  ds = pipeline.train_dataset(config, tokenizer, start_batch=index)
+  ds = pipeline.train_dataset(
+    config, tokenizer, objectives.row_transform(config), start_batch=index
+  )
   return next(ds.as_numpy_iterator())
 
 

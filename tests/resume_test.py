@@ -252,7 +252,9 @@ def test_every_objectives_stream_restarts_at_its_batch(
     )
 
     def batches(start, count, c=c, tokenizer=tokenizer):
-      ds = pipeline.train_dataset(c, tokenizer, start_batch=start)
+      ds = pipeline.train_dataset(
+        c, tokenizer, objectives.row_transform(c), start_batch=start
+      )
       return list(ds.take(count).as_numpy_iterator())
 
     fresh, restarted = batches(0, N + 2), batches(N, 2)

@@ -14,7 +14,7 @@ import optax
 import pytest
 from conftest import assert_same_step, load_config, read_metrics, sgd_steps
 
-from pretrain_lm import sharding, train, validate
+from pretrain_lm import objectives, sharding, train, validate
 from pretrain_lm.convert import hf
 from pretrain_lm.data import pipeline
 from pretrain_lm.data import tokenizer as tokenizer_lib
@@ -57,7 +57,9 @@ def test_grad_accum_equals_the_big_batch_clm(tokenizer_path, tmp_path):
   c = small('gpt', tokenizer_path, data__batch_size=32, data__seq_len=32)
   c.mesh.data, c.mesh.fsdp, c.mesh.tensor = 1, 1, 1
   trainer = make_trainer(c, str(tmp_path))
-  batch = next(pipeline.train_iterator(c, trainer.tokenizer))
+  batch = next(
+    pipeline.train_iterator(c, trainer.tokenizer, objectives.row_transform(c))
+  )
   metrics = assert_same_step(trainer, batch)
   assert metrics['num_predictions'] == 32 * 32
 
@@ -65,7 +67,9 @@ def test_grad_accum_equals_the_big_batch_clm(tokenizer_path, tmp_path):
 def test_grad_accum_equals_the_big_batch_mlm(tokenizer_path, tmp_path):
   c = small('bert', tokenizer_path, data__batch_size=32, data__seq_len=32)
   trainer = make_trainer(c, str(tmp_path))
-  batch = next(pipeline.train_iterator(c, trainer.tokenizer))
+  batch = next(
+    pipeline.train_iterator(c, trainer.tokenizer, objectives.row_transform(c))
+  )
   steps = sgd_steps(trainer)
   assert_same_step(trainer, batch, steps)
   # The 4 microbatches really are a loop in the step, not one big batch.
@@ -178,7 +182,12 @@ def test_the_trainer_takes_cpu_microbatches(
   state = trainer.initial_state()
   with trainer.context():
     batch = sharding.host_to_global(
-      next(pipeline.train_iterator(c, trainer.tokenizer)), trainer.mesh
+      next(
+        pipeline.train_iterator(
+          c, trainer.tokenizer, objectives.row_transform(c)
+        )
+      ),
+      trainer.mesh,
     )
     hlo = trainer.train_step.lower(state, batch).as_text()
   assert counts == [4]
@@ -189,7 +198,10 @@ def test_bf16_activations_float32_master_weights(tokenizer_path, tmp_path):
   c = small('bert', tokenizer_path, model__dtype='bfloat16')
   trainer = make_trainer(c, str(tmp_path))
   batch = sharding.host_to_global(
-    next(pipeline.train_iterator(c, trainer.tokenizer)), trainer.mesh
+    next(
+      pipeline.train_iterator(c, trainer.tokenizer, objectives.row_transform(c))
+    ),
+    trainer.mesh,
   )
   # Shapes and dtypes only (jax.eval_shape): nothing is compiled or run.
   with trainer.context():
@@ -313,7 +325,9 @@ def test_adafactor_trains_with_sharded_state(tokenizer_path, tmp_path):
   c = small('bert', tokenizer_path, optimizer__name='adafactor')
   trainer = make_trainer(c, str(tmp_path))
   state = trainer.initial_state()
-  batch = next(pipeline.train_iterator(c, trainer.tokenizer))
+  batch = next(
+    pipeline.train_iterator(c, trainer.tokenizer, objectives.row_transform(c))
+  )
   with trainer.context():
     for _ in range(2):
       state, metrics = trainer._p_train_step(
@@ -389,7 +403,9 @@ def test_seq_len_schedule_switches_and_resumes_exactly(
   # The second stage reads on from the first's 2 x 32-token batches: its
   # first batch is batch 1 of the 64-token stream, not batch 0.
   got = next(trainer._stage_data(2)[0])
-  stream = pipeline.train_iterator(c, trainer.tokenizer, start_batch=1)
+  stream = pipeline.train_iterator(
+    c, trainer.tokenizer, objectives.row_transform(c), start_batch=1
+  )
   np.testing.assert_array_equal(got['input_ids'], next(stream)['input_ids'])
   lengths, want = run_recording_shapes(c, straight)
   assert lengths == [32, 32, 64, 64]

@@ -19,7 +19,7 @@ import tensorflow as tf
 import tokenizers
 import transformers
 
-from pretrain_lm import configlib
+from pretrain_lm import configlib, objectives
 from pretrain_lm.convert import tokenizer as hf_tokenizer
 from pretrain_lm.data import pipeline
 from pretrain_lm.data import tokenizer as tokenizer_lib
@@ -439,7 +439,9 @@ def test_pipeline_masks_imported_tokenizers(bert, bpe_dirs, texts, tmp_path):
     config.data.eval_batches = 1
     config.data.packing = 'doc_sentences'
     assert config.objective.name == 'mlm'
-    for batch in pipeline.eval_batches(config, tok):
+    for batch in pipeline.eval_batches(
+      config, tok, objectives.row_transform(config)
+    ):
       ids = batch['input_ids'].copy()
       for b in range(len(ids)):
         real = batch['masked_weights'][b] > 0

@@ -12,7 +12,7 @@ import pytest
 import tensorflow as tf
 import transformers
 
-from pretrain_lm import configlib, validate
+from pretrain_lm import configlib, objectives, validate
 from pretrain_lm.convert import tokenizer as hf_tokenizer
 from pretrain_lm.data import pipeline
 from pretrain_lm.data import tokenizer as tokenizer_lib
@@ -268,7 +268,9 @@ def test_bert_preset_trains_wordpiece_into_workdir_for_the_pipeline(
   # runs of documents' WordPiece ids, each ended by [SEP], then padding.
   encoded = [tok.encode(d) for d in docs]
   runs = 0
-  for batch in pipeline.eval_batches(config, tok):
+  for batch in pipeline.eval_batches(
+    config, tok, objectives.row_transform(config)
+  ):
     ids = batch['input_ids'].copy()
     assert (ids == tok.mask_id).any()
     for b in range(len(ids)):

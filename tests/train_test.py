@@ -20,7 +20,7 @@ from flax import linen as nn
 from jax.sharding import PartitionSpec as P
 
 import pretrain_lm
-from pretrain_lm import metrics, sharding, train
+from pretrain_lm import metrics, objectives, sharding, train
 from pretrain_lm.data import pipeline, sources
 from pretrain_lm.data import tokenizer as tokenizer_lib
 from pretrain_lm.models import MODELS, ModelConfig
@@ -488,7 +488,11 @@ def test_compiler_options_reach_the_train_and_eval_steps(
     'xla_cpu_experimental_ynn_fusion_type': ''
   }
   state = trainer.initial_state()
-  host = next(pipeline.train_dataset(c, trainer.tokenizer).as_numpy_iterator())
+  host = next(
+    pipeline.train_dataset(
+      c, trainer.tokenizer, objectives.row_transform(c)
+    ).as_numpy_iterator()
+  )
   with trainer.context():
     batch = sharding.host_to_global(host, trainer.mesh)
     steps = [

@@ -63,7 +63,7 @@ def main(argv=None):
   state = trainer.initial_state()
 
   def build():
-    pipeline.train_dataset(c, trainer.tokenizer)
+    pipeline.train_dataset(c, trainer.tokenizer, trainer.row_transform)
 
   rows = {'pipeline': timed(build)}
   shipped = tf.autograph.experimental.do_not_convert

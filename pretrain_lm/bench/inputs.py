@@ -15,6 +15,7 @@ import ml_collections
 import numpy as np
 
 from pretrain_lm import metrics as metrics_lib
+from pretrain_lm import objectives
 from pretrain_lm.data import pipeline, prepared
 from pretrain_lm.data import tokenizer as tokenizer_lib
 
@@ -34,7 +35,7 @@ def drain(
   """
   start = time.perf_counter()
   it = pipeline.train_dataset(
-    config, tokenizer, start_batch=start_step
+    config, tokenizer, objectives.row_transform(config), start_batch=start_step
   ).as_numpy_iterator()
   next(it)
   first_batch_s = time.perf_counter() - start
@@ -92,7 +93,9 @@ def bench_pipeline(
     **_needed(model_flops_per_token),
   }
   if cached and not prepared.is_prepared(config.data.source):
-    epoch_rows = pipeline.rows_per_epoch(config, tokenizer)
+    epoch_rows = pipeline.rows_per_epoch(
+      config, tokenizer, objectives.row_transform(config)
+    )
     epoch_batches = max(epoch_rows // config.data.batch_size, 1)
     cached_config = config.copy_and_resolve_references()
     cached_config.data.cache_tokens = True

@@ -65,7 +65,9 @@ class TrainBench:
     trainer = train.Trainer(config, workdir)
     state = trainer.initial_state()
     self.host_batch = next(
-      pipeline.train_dataset(config, trainer.tokenizer).as_numpy_iterator()
+      pipeline.train_dataset(
+        config, trainer.tokenizer, trainer.row_transform
+      ).as_numpy_iterator()
     )
     shapes = {k: v.shape for k, v in self.host_batch.items()}
     with trainer.context():

@@ -31,7 +31,7 @@ from pretrain_lm import configlib, objectives
 from pretrain_lm.convert import bart, bert, gpt2, t5
 from pretrain_lm.convert import tokenizer as hf_tokenizer
 from pretrain_lm.convert.layout import PREFIXED_PARTS, Format, Tensors
-from pretrain_lm.data import pipeline, sources
+from pretrain_lm.data import sources
 from pretrain_lm.data import tokenizer as tokenizer_lib
 from pretrain_lm.models import MODELS, ModelConfig
 
@@ -238,7 +238,7 @@ def batch_spec(
   """The objective's per-example feature shapes and dtypes (as train.py
   writes them), traced from a placeholder packed row: no data is read."""
   objective = objectives.OBJECTIVES[config.objective.name]
-  length = pipeline.row_length(config)
+  length = objectives.row_transform(config).row_length
   row = {
     k: tf.zeros([length], tf.int32)
     for k in ('input_ids', 'segment_ids', 'positions')

@@ -8,13 +8,13 @@ objective's random choices (e.g. MLM masks) use a stateless seed from
 a pure function of the config and a restart at any batch reproduces it.
 """
 
-from collections.abc import Iterator
+import dataclasses
+from collections.abc import Callable, Iterator
 
 import ml_collections
 import numpy as np
 import tensorflow as tf
 
-from pretrain_lm import objectives
 from pretrain_lm.data import prepared, records, sources
 from pretrain_lm.data import tokenizer as tokenizer_lib
 from pretrain_lm.data.sources import no_autograph
@@ -32,16 +32,25 @@ _MIN_ROW_LEN = {'full_sentences': 3, 'doc_sentences': 3, 'concat': 2}
 _DOCS_PER_RUN = 256
 
 
-def row_length(config: ml_collections.ConfigDict) -> int:
-  """The length of packed rows: data.seq_len unless the objective says.
+@dataclasses.dataclass(frozen=True)
+class RowTransform:
+  """The objective's part of the pipeline, resolved by the caller.
 
-  An objective module may define `row_length(config) -> int`, e.g. a causal
-  LM packs data.seq_len + 1 tokens and shifts them into inputs and targets.
+  `objectives.row_transform(config)` builds it from config.objective.name,
+  so the data layer never looks objectives up itself.
   """
-  objective = objectives.OBJECTIVES[config.objective.name]
-  if hasattr(objective, 'row_length'):
-    return objective.row_length(config)
-  return config.data.seq_len
+
+  # (row, seed, *, config, tokenizer[, partner]) -> features: the
+  # objective's tf.data map (see pretrain_lm.objectives).
+  fn: Callable[..., dict[str, tf.Tensor]]
+  # The packed row length: data.seq_len unless the objective says (a
+  # causal LM packs data.seq_len + 1 tokens and shifts them).
+  row_length: int
+  # Whether `fn` takes `partner=`, another packed row of the same epoch.
+  partnered: bool = False
+  # Ids the objective needs after the tokenizer's vocabulary (prepare.py
+  # trains the tokenizer with that many fewer).
+  reserved_ids: int = 0
 
 
 def seq_len_stages(config: ml_collections.ConfigDict) -> list[tuple]:
@@ -354,6 +363,7 @@ def pack(
 def _rows(
   config: ml_collections.ConfigDict,
   tokenizer: tokenizer_lib.Tokenizer,
+  objective: RowTransform,
   *,
   split: str,
   process_index: int,
@@ -371,7 +381,7 @@ def _rows(
     tokens = tokens.cache()
   return pack(
     tokens,
-    row_len=row_length(config),
+    row_len=objective.row_length,
     packing=config.data.packing,
     cls_id=tokenizer.cls_id,
     sep_id=tokenizer.sep_id,
@@ -382,6 +392,7 @@ def _rows(
 def rows_per_epoch(
   config: ml_collections.ConfigDict,
   tokenizer: tokenizer_lib.Tokenizer,
+  objective: RowTransform,
   *,
   process_index: int = 0,
   process_count: int = 1,
@@ -390,6 +401,7 @@ def rows_per_epoch(
   rows = _rows(
     config,
     tokenizer,
+    objective,
     split='train',
     process_index=process_index,
     process_count=process_count,
@@ -467,6 +479,7 @@ def _options() -> tf.data.Options:
 def train_dataset(
   config: ml_collections.ConfigDict,
   tokenizer: tokenizer_lib.Tokenizer,
+  objective: RowTransform,
   *,
   start_batch: int = 0,
   process_index: int = 0,
@@ -477,6 +490,7 @@ def train_dataset(
   Args:
     config: the full run config (uses `data` and `objective`).
     tokenizer: the run's tokenizer.
+    objective: the objective's transform (objectives.row_transform).
     start_batch: the number of batches already consumed (the train step to
       resume at); the stream equals a fresh one with that many batches
       skipped.
@@ -489,11 +503,11 @@ def train_dataset(
   """
   data_config = config.data
   batch = _per_host_batch(data_config, process_count)
-  objective = objectives.OBJECTIVES[config.objective.name]
   if prepared.is_prepared(data_config.source):
     return _prepared_dataset(
       config,
       tokenizer,
+      objective,
       split='train',
       start_batch=start_batch,
       process_index=process_index,
@@ -502,6 +516,7 @@ def train_dataset(
   rows = _rows(
     config,
     tokenizer,
+    objective,
     split='train',
     process_index=process_index,
     process_count=process_count,
@@ -511,7 +526,7 @@ def train_dataset(
   if _count(rows.take(batch)) < batch:
     raise ValueError(
       f'data.source={data_config.source!r} gives fewer than {batch} rows '
-      f'of {row_length(config)} tokens (data.seq_len={data_config.seq_len}) '
+      f'of {objective.row_length} tokens (data.seq_len={data_config.seq_len}) '
       'per epoch on this host, not one full batch: use more text or a '
       'smaller data.batch_size.'
     )
@@ -528,7 +543,7 @@ def train_dataset(
     no_autograph(lambda epoch: _epoch(rows, data_config, epoch))
   )
   stream = stream.skip(skip)
-  partnered = objectives.needs_partner(objective, config.objective)
+  partnered = objective.partnered
   if partnered:
     if batch < 2:
       raise ValueError(
@@ -554,7 +569,7 @@ def train_dataset(
   def transform(epoch, index, row, partner=None):
     seed = _row_seed(data_config.seed, epoch, index)
     kwargs = {'partner': partner} if partnered else {}
-    return objective.transform(
+    return objective.fn(
       row, seed, config=config.objective, tokenizer=tokenizer, **kwargs
     )
 
@@ -568,6 +583,7 @@ def train_dataset(
 def train_iterator(
   config: ml_collections.ConfigDict,
   tokenizer: tokenizer_lib.Tokenizer,
+  objective: RowTransform,
   *,
   start_batch: int = 0,
   process_index: int = 0,
@@ -577,6 +593,7 @@ def train_iterator(
   return train_dataset(
     config,
     tokenizer,
+    objective,
     start_batch=start_batch,
     process_index=process_index,
     process_count=process_count,
@@ -586,6 +603,7 @@ def train_iterator(
 def eval_batches(
   config: ml_collections.ConfigDict,
   tokenizer: tokenizer_lib.Tokenizer,
+  objective: RowTransform,
   *,
   process_index: int = 0,
   process_count: int = 1,
@@ -593,23 +611,25 @@ def eval_batches(
   """The data.eval_batches evaluation batches: unshuffled, fixed masks."""
   data_config = config.data
   batch = _per_host_batch(data_config, process_count)
-  objective = objectives.OBJECTIVES[config.objective.name]
   if _eval_is_prepared(data_config):
-    return _prepared_eval(config, tokenizer, process_index, process_count)
+    return _prepared_eval(
+      config, tokenizer, objective, process_index, process_count
+    )
   rows = _rows(
     config,
     tokenizer,
+    objective,
     split='eval',
     process_index=process_index,
     process_count=process_count,
   )
 
-  partnered = objectives.needs_partner(objective, config.objective)
+  partnered = objective.partnered
 
   def transform(index, row, partner=None):
     seed = _row_seed(data_config.seed, 0, index)
     kwargs = {'partner': partner} if partnered else {}
-    return objective.transform(
+    return objective.fn(
       row, seed, config=config.objective, tokenizer=tokenizer, **kwargs
     )
 
@@ -649,7 +669,7 @@ def _eval_is_prepared(data_config) -> bool:
 
 
 def prepared_stream(
-  config: ml_collections.ConfigDict, split: str = 'train'
+  config: ml_collections.ConfigDict, row_length: int, split: str = 'train'
 ) -> prepared.Stream:
   """The run's prepared corpora (data.source) as a stream, checked.
 
@@ -661,9 +681,7 @@ def prepared_stream(
   source = d.source
   if split == 'eval' and sources.eval_source(d):
     source = d.eval_source
-  corpora = prepared.corpora(
-    config, row_length(config), split=split, source=source
-  )
+  corpora = prepared.corpora(config, row_length, split=split, source=source)
   for corpus in corpora if split == 'eval' else ():
     rows = corpus.num_rows('eval')
     if rows < d.eval_batches * d.batch_size:
@@ -679,6 +697,7 @@ def prepared_stream(
 def _prepared_dataset(
   config: ml_collections.ConfigDict,
   tokenizer: tokenizer_lib.Tokenizer,
+  objective: RowTransform,
   *,
   split: str,
   start_batch: int = 0,
@@ -688,10 +707,9 @@ def _prepared_dataset(
   num_batches: int | None = None,
 ) -> tf.data.Dataset:
   """train_dataset (or an eval split) of prepared corpora, read by index."""
-  objective = objectives.OBJECTIVES[config.objective.name]
-  stream = stream or prepared_stream(config, split)
+  stream = stream or prepared_stream(config, objective.row_length, split)
   _check_prepared_tokenizer(stream, tokenizer)
-  partnered = objectives.needs_partner(objective, config.objective)
+  partnered = objective.partnered
   if partnered and config.data.batch_size < 2:
     raise ValueError(
       f'objective.sentence_task={config.objective.sentence_task!r} pairs '
@@ -700,13 +718,13 @@ def _prepared_dataset(
 
   def transform(row, seed, partner=None):
     kwargs = {'partner': partner} if partnered else {}
-    return objective.transform(
+    return objective.fn(
       row, seed, config=config.objective, tokenizer=tokenizer, **kwargs
     )
 
   return prepared.dataset(
     stream,
-    row_length=row_length(config),
+    row_length=objective.row_length,
     features=lambda ids: row_features(ids, tokenizer.sep_id, tokenizer.pad_id),
     transform=transform,
     batch_size=config.data.batch_size,
@@ -732,20 +750,21 @@ def _check_prepared_tokenizer(stream: prepared.Stream, tokenizer) -> None:
       )
 
 
-def _prepared_eval(config, tokenizer, process_index, process_count):
+def _prepared_eval(config, tokenizer, objective, process_index, process_count):
   """Eval batches of prepared corpora: {name: batches} per corpus.
 
   Each corpus' eval split is read in stored order from its start: the
   same rows and masks on every host count.
   """
   d = config.data
-  stream = prepared_stream(config, 'eval')
+  stream = prepared_stream(config, objective.row_length, 'eval')
   sets = {}
   for corpus in stream.corpora:
     one = prepared.Stream([corpus], d.seed, split='eval')
     ds = _prepared_dataset(
       config,
       tokenizer,
+      objective,
       split='eval',
       process_index=process_index,
       process_count=process_count,
@@ -759,7 +778,7 @@ def _prepared_eval(config, tokenizer, process_index, process_count):
 
 
 def tokens_per_source(
-  config: ml_collections.ConfigDict, step: int
+  config: ml_collections.ConfigDict, row_length: int, step: int
 ) -> dict[str, int]:
   """Row tokens each prepared corpus gave in steps [0, step) (metrics).
 
@@ -774,6 +793,6 @@ def tokens_per_source(
   )
   rows = stream.rows_read(step * config.data.batch_size)
   return {
-    f'data/tokens_{e.name}': int(n) * row_length(config)
+    f'data/tokens_{e.name}': int(n) * row_length
     for e, n in zip(entries, rows, strict=True)
   }

@@ -65,7 +65,6 @@ import tensorflow as tf
 from absl import app, flags, logging
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from pretrain_lm import objectives
 from pretrain_lm.data import (
   fingerprint,
   pipeline,
@@ -112,7 +111,9 @@ class WriteShardFn(beam.DoFn):
 # The driver.
 
 
-def _settings(config: ml_collections.ConfigDict, tok_sha: str) -> dict:
+def _settings(
+  config: ml_collections.ConfigDict, row_len: int, tok_sha: str
+) -> dict:
   """What the workers need of the config, as plain data."""
   d = config.data
   return {
@@ -120,7 +121,7 @@ def _settings(config: ml_collections.ConfigDict, tok_sha: str) -> dict:
     'max_doc_bytes': d.max_doc_bytes,
     'bad_input': d.bad_input,
     'eval_holdout_every': 0 if sources.eval_source(d) else d.eval_holdout_every,
-    'row_len': pipeline.row_length(config),
+    'row_len': row_len,
     'packing': d.packing,
     'tfds_data_dir': d.tfds_data_dir,
     'tfds_text_key': d.tfds_text_key,
@@ -288,6 +289,7 @@ class _Progress:
 def prepare(
   config: ml_collections.ConfigDict,
   output: str,
+  objective: pipeline.RowTransform,
   *,
   range_mb: float = 128,
   tfds_pieces: int = 16,
@@ -300,6 +302,8 @@ def prepare(
   Args:
     config: a run config (uses `data`, `objective` and model.vocab_size).
     output: the directory (local or gs://) to write.
+    objective: the run objective's row length and reserved ids
+      (objectives.row_transform(config)).
     range_mb: the size of the byte ranges 'line' files are cut into.
     tfds_pieces: the pieces a TFDS split is read in.
     beam_options: Beam flags, shlex-split, over DEFAULT_BEAM_OPTIONS.
@@ -308,8 +312,7 @@ def prepare(
   """
   _check_config(config)
   d = config.data
-  objective = objectives.OBJECTIVES[config.objective.name]
-  row_len = pipeline.row_length(config)
+  row_len = objective.row_length
   tf.io.gfile.makedirs(os.path.join(output, shards.STATS_DIR))
   source = _source_fields(config, range_mb, tfds_pieces)
 
@@ -354,7 +357,7 @@ def prepare(
     d,
     vocab_size=config.model.vocab_size,
     workdir=output,
-    reserved_ids=objectives.num_reserved_ids(objective, config.objective),
+    reserved_ids=objective.reserved_ids,
   )
   meta = records.tokenizer_meta(tok)
   fields = fields_for(meta['sha256'])
@@ -375,7 +378,7 @@ def prepare(
       f'Rewriting {len(stale)} range(s) an unfinished preparation with '
       f'other settings left (e.g. {stale[0]}).'
     )
-  settings = _settings(config, meta['sha256'])
+  settings = _settings(config, row_len, meta['sha256'])
   started = time.time()
   if todo:
     options = PipelineOptions(
@@ -469,7 +472,8 @@ def _define_flags():
   return config, output
 
 
-def main(argv, config_flag, output_flag):
+def main(argv, config_flag, output_flag, row_transform):
+  """The command line; `row_transform(config)` resolves the objective."""
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
   f = flags.FLAGS
@@ -477,6 +481,7 @@ def main(argv, config_flag, output_flag):
     prepare(
       config_flag.value,
       output_flag.value,
+      row_transform(config_flag.value),
       range_mb=f.range_mb,
       tfds_pieces=f.tfds_pieces,
       beam_options=f.beam_pipeline_options,
@@ -499,11 +504,13 @@ def _parse_flags(argv: list[str]) -> list[str]:
 if __name__ == '__main__':
   # Beam pickles the DoFn by reference: it must live in the module's real
   # name, not in __main__, for worker processes to import it.
+  # The program resolves the objective; the library takes it as an argument.
+  from pretrain_lm import objectives
   from pretrain_lm.data import prepare as _module
 
   _config, _output = _define_flags()
   logging.set_verbosity(logging.WARNING)
   app.run(
-    lambda argv: _module.main(argv, _config, _output),
+    lambda argv: _module.main(argv, _config, _output, objectives.row_transform),
     flags_parser=_parse_flags,
   )

@@ -42,14 +42,16 @@ def document_text(
 
 
 def batch_documents(
-  config: ml_collections.ConfigDict, step: int
+  config: ml_collections.ConfigDict, step: int, row_length: int | None = None
 ) -> list[dict[str, Any]]:
   """The rows of global batch `step`, each with its documents.
 
   Returns one dict per row, in batch order (host h of P has rows
   [h * B / P, (h + 1) * B / P)): corpus, row (its index in the corpus'
   train rows), shard, epoch, and documents: [{path, offset, text}] (for a
-  TFDS piece, {path, example} and no text).
+  TFDS piece, {path, example} and no text). `row_length` is the run's
+  (objectives.row_transform(config).row_length), checked against the
+  manifests; None takes the corpora's own.
   """
   d = config.data
   if not prepared.is_prepared(d.source):
@@ -57,7 +59,10 @@ def batch_documents(
       f'data.source={d.source!r}: only prepared corpora map a step to its '
       'documents without reading the stream (prepare the corpus).'
     )
-  stream = pipeline.prepared_stream(config)
+  if row_length is None:  # the corpora's own (prepared_stream checks all)
+    first = prepared.parse_source(d.source)[0].directory
+    row_length = records.read_manifest(first)['row_length']
+  stream = pipeline.prepared_stream(config, row_length)
   positions = tf.range(step * d.batch_size, (step + 1) * d.batch_size)
   k, n = stream.source_of(tf.cast(positions, tf.int64))
   epoch, rows = stream.row_of(k, n)

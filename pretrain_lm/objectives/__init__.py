@@ -28,6 +28,7 @@ An objective is one module with:
   next-sentence prediction takes its random B from it).
 """
 
+from pretrain_lm.data import pipeline
 from pretrain_lm.objectives import (
   bilm,
   clm,
@@ -73,3 +74,24 @@ def num_reserved_ids(objective, config) -> int:
 def needs_partner(objective, config) -> bool:
   """Whether the objective's transform takes a `partner` row."""
   return hasattr(objective, 'needs_partner') and objective.needs_partner(config)
+
+
+def row_transform(config) -> pipeline.RowTransform:
+  """What the input pipeline needs from the run's objective.
+
+  Args:
+    config: the full run config (its `objective` section names the
+      objective; `row_length` may read `data` too).
+  """
+  objective = OBJECTIVES[config.objective.name]
+  row_length = (
+    objective.row_length(config)
+    if hasattr(objective, 'row_length')
+    else config.data.seq_len
+  )
+  return pipeline.RowTransform(
+    fn=objective.transform,
+    row_length=row_length,
+    partnered=needs_partner(objective, config.objective),
+    reserved_ids=num_reserved_ids(objective, config.objective),
+  )

@@ -120,7 +120,9 @@ def _export(config, workdir, platform, disabled, mesh):
   traced.train.compiler_options = configlib.compiler_options_field()
   trainer = train.Trainer(traced, workdir, mesh=mesh)
   host_batch = next(
-    pipeline.train_dataset(config, trainer.tokenizer).as_numpy_iterator()
+    pipeline.train_dataset(
+      config, trainer.tokenizer, trainer.row_transform
+    ).as_numpy_iterator()
   )
   shapes = {k: v.shape for k, v in host_batch.items()}
   abstract = trainer.abstract_state()
