@@ -895,22 +895,3 @@ def run_description(
     'device_kind': device.device_kind,
     'platform': device.platform,
   }
-
-
-# Names that convert/hf.py, finetune/ and distributed.py still read from
-# this module; workdir.py and data/records.py hold them.
-BATCH_SPEC_FILE = workdir.BATCH_SPEC_FILE
-absolute, git_commit = workdir.absolute, workdir.git_commit
-read_json, write_json = workdir.read_json, workdir.write_json
-
-
-def run_metadata() -> dict[str, Any]:
-  """workdir.run_metadata for this process's devices and hosts."""
-  return workdir.run_metadata(jax.devices(), jax.process_count())
-
-
-def tokenizer_meta(tokenizer) -> dict[str, Any]:
-  """data.records.tokenizer_meta."""
-  from pretrain_lm.data import records  # TensorFlow: only when asked
-
-  return records.tokenizer_meta(tokenizer)

@@ -197,11 +197,11 @@ def check_hosts_agree(config, workdir: str) -> None:
   import numpy as np
   from jax.experimental import multihost_utils
 
-  from pretrain_lm import checkpoint
+  from pretrain_lm import workdir as workdir_lib
 
   if jax.process_count() == 1:
     return
-  mine = fingerprint(config_json(config), checkpoint.git_commit(), workdir)
+  mine = fingerprint(config_json(config), workdir_lib.git_commit(), workdir)
   encoded = np.zeros((len(mine), _WIDTH), np.uint8)
   for row, value in enumerate(mine.values()):
     data = value.encode()[:_WIDTH]

@@ -28,10 +28,11 @@ from flax import linen as nn
 
 from pretrain_lm import checkpoint as checkpoint_lib
 from pretrain_lm import configlib, objectives
+from pretrain_lm import workdir as workdir_lib
 from pretrain_lm.convert import bart, bert, gpt2, t5
 from pretrain_lm.convert import tokenizer as hf_tokenizer
 from pretrain_lm.convert.layout import PREFIXED_PARTS, Format, Tensors
-from pretrain_lm.data import sources
+from pretrain_lm.data import records, sources
 from pretrain_lm.data import tokenizer as tokenizer_lib
 from pretrain_lm.models import MODELS, ModelConfig
 
@@ -53,7 +54,7 @@ def read_json_file(path: str) -> dict:
   """A JSON file's content; FileNotFoundError naming the file if absent."""
   if not tf.io.gfile.exists(path):
     raise FileNotFoundError(f'No {os.path.basename(path)} at {path!r}.')
-  return checkpoint_lib.read_json(path)
+  return workdir_lib.read_json(path)
 
 
 def hf_format(hf_config: dict, path: str) -> Format:
@@ -374,7 +375,7 @@ def import_hf(src: str, workdir: str) -> dict:
   prefix, tensors = _strip_prefix(fmt, tensors)
   tensors = _resolve_aliases(fmt, tensors)
 
-  workdir = checkpoint_lib.absolute(workdir)
+  workdir = workdir_lib.absolute(workdir)
   ckpt_dir = os.path.join(workdir, checkpoint_lib.CHECKPOINT_DIR)
   if tf.io.gfile.exists(ckpt_dir) and tf.io.gfile.listdir(ckpt_dir):
     raise FileExistsError(
@@ -469,12 +470,12 @@ def _initial_state(config, cfg: ModelConfig, spec: dict, params: dict):
 
 def _write_workdir(workdir, config, spec, state, tokenizer, record) -> None:
   """The files train.Trainer would write, and the step-0 checkpoint."""
-  write = checkpoint_lib.write_json
+  write = workdir_lib.write_json
   write(os.path.join(workdir, 'config.json'), config.to_dict())
-  write(os.path.join(workdir, checkpoint_lib.BATCH_SPEC_FILE), spec)
+  write(os.path.join(workdir, workdir_lib.BATCH_SPEC_FILE), spec)
   write(
     os.path.join(workdir, 'run_metadata.json'),
-    {'starts': [checkpoint_lib.run_metadata()]},
+    {'starts': [workdir_lib.run_metadata(jax.devices(), jax.process_count())]},
   )
   write(os.path.join(workdir, IMPORT_FILE), record)
   checkpointer = checkpoint_lib.Checkpointer(
@@ -485,7 +486,7 @@ def _write_workdir(workdir, config, spec, state, tokenizer, record) -> None:
   meta = {
     'step': 0,
     'batches_consumed': 0,
-    'tokenizer': checkpoint_lib.tokenizer_meta(tokenizer),
+    'tokenizer': records.tokenizer_meta(tokenizer),
     'model_family': config.model.family,
     'objective': config.objective.name,
     'imported_from': record['source'],
@@ -593,7 +594,7 @@ def export_hf(
   cfg = ModelConfig.from_config(loaded.config.model)
   record_path = os.path.join(workdir, IMPORT_FILE)
   record = (
-    checkpoint_lib.read_json(record_path)
+    workdir_lib.read_json(record_path)
     if tf.io.gfile.exists(record_path)
     else {}
   )
@@ -644,5 +645,5 @@ def export_hf(
   safetensors.numpy.save_file(
     tensors, os.path.join(dst, WEIGHTS_FILE), metadata={'format': 'pt'}
   )
-  checkpoint_lib.write_json(os.path.join(dst, CONFIG_FILE), hf_config)
+  workdir_lib.write_json(os.path.join(dst, CONFIG_FILE), hf_config)
   return hf_config

@@ -38,7 +38,8 @@ import numpy as np
 import tensorflow as tf
 from absl import app, flags, logging
 
-from pretrain_lm import checkpoint, evaluate, pretrained
+from pretrain_lm import evaluate, pretrained
+from pretrain_lm import workdir as workdir_lib
 
 
 @dataclasses.dataclass(frozen=True)
@@ -377,7 +378,7 @@ def evaluate_file(
   """
   evaluate.check_workdir(workdir)
   # Bad input fails before the checkpoint is restored.
-  config = checkpoint.read_json(os.path.join(workdir, 'config.json'))
+  config = workdir_lib.read_json(os.path.join(workdir, 'config.json'))
   _check_family(config['model']['family'])
   examples = read_examples(data)
   if max_examples > 0:
@@ -455,7 +456,7 @@ def run(flag_values: flags.FlagValues) -> dict[str, Any]:
     f'  chance         {result["chance"]:.4f}'
   )
   if f.output:
-    checkpoint.write_json(f.output, result)
+    workdir_lib.write_json(f.output, result)
   print(json.dumps(result, sort_keys=True))
   return result
 

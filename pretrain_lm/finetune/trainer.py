@@ -32,6 +32,8 @@ from pretrain_lm import checkpoint as checkpoint_lib
 from pretrain_lm import goodput, sharding, train
 from pretrain_lm import metrics as metrics_lib
 from pretrain_lm import pretrained as pretrained_lib
+from pretrain_lm import workdir as workdir_lib
+from pretrain_lm.data import records
 from pretrain_lm.data import tokenizer as tokenizer_lib
 from pretrain_lm.finetune import TASKS, losses, optimizer
 from pretrain_lm.finetune import config as config_lib
@@ -203,11 +205,9 @@ def load(
 ) -> Finetuned:
   """A fine-tuning workdir's best checkpoint (else its latest, or `step`)."""
   config = ml_collections.ConfigDict(
-    checkpoint_lib.read_json(os.path.join(workdir, 'config.json'))
+    workdir_lib.read_json(os.path.join(workdir, 'config.json'))
   )
-  init_config = checkpoint_lib.read_json(
-    os.path.join(workdir, INIT_CONFIG_FILE)
-  )
+  init_config = workdir_lib.read_json(os.path.join(workdir, INIT_CONFIG_FILE))
   model_config = ModelConfig.from_config(init_config['model'])
   tokenizer = tokenizer_lib.load_tokenizer(
     os.path.join(workdir, tokenizer_lib.WORKDIR_FILENAME)
@@ -259,10 +259,10 @@ class Trainer:
   ):
     self.goodput = goodput.Accountant()  # wall time by cause, as pretraining
     self.config = c = config
-    self.workdir = workdir = checkpoint_lib.absolute(workdir)
+    self.workdir = workdir = workdir_lib.absolute(workdir)
     train.use_compilation_cache(c.train.compilation_cache_dir)
     self.is_chief = jax.process_index() == 0
-    if c.init.workdir and workdir == checkpoint_lib.absolute(c.init.workdir):
+    if c.init.workdir and workdir == workdir_lib.absolute(c.init.workdir):
       raise ValueError(
         f'--workdir={workdir!r} is the pretraining workdir (--init); '
         'fine-tune into a workdir of its own.'
@@ -273,7 +273,7 @@ class Trainer:
     # Every host decides that before the chief writes those copies.
     multihost_utils.sync_global_devices('fine-tuning workdir checked')
     source = workdir if resuming else c.init.workdir
-    self.init_config = checkpoint_lib.read_json(
+    self.init_config = workdir_lib.read_json(
       os.path.join(source, INIT_CONFIG_FILE if resuming else 'config.json')
     )
     self.model_config = ModelConfig.from_config(self.init_config['model'])
@@ -456,7 +456,7 @@ class Trainer:
       overwrite=True,
     )
     # Written last: its presence marks the workdir as resumable.
-    checkpoint_lib.write_json(
+    workdir_lib.write_json(
       os.path.join(self.workdir, INIT_CONFIG_FILE), self.init_config
     )
 
@@ -508,7 +508,7 @@ class Trainer:
     return {
       'step': step,
       'epoch': step // self.steps_per_epoch,
-      'tokenizer': checkpoint_lib.tokenizer_meta(self.tokenizer),
+      'tokenizer': records.tokenizer_meta(self.tokenizer),
       'model_family': self.model_config.family,
       'task': self.config.task.to_dict(),
       'head': self.head,
@@ -873,7 +873,7 @@ class _Results:
     self.enabled = enabled
     self.content = {'metric': metric, 'best': None, 'final': None, 'evals': []}
     if tf.io.gfile.exists(self.path):  # a resumed run keeps its history
-      self.content = checkpoint_lib.read_json(self.path)
+      self.content = workdir_lib.read_json(self.path)
 
   def add(self, step: int, scores: dict[str, float], final: bool) -> bool:
     """Records an evaluation; True when it is the best so far."""
@@ -889,7 +889,7 @@ class _Results:
     if final:
       self.content['final'] = record
     if self.enabled:
-      checkpoint_lib.write_json(self.path, self.content)
+      workdir_lib.write_json(self.path, self.content)
     return improved
 
 
