@@ -9,7 +9,7 @@ Command lines (each prints its flags with --help):
   python -m pretrain_lm.evaluate --workdir=DIR --data=FILE
   python -m pretrain_lm.convert import|export ...
   python -m pretrain_lm.sweep FILE --base=... --workdir_root=DIR
-  python -m pretrain_lm.inspect DIR
+  python -m pretrain_lm.describe DIR
   python -m pretrain_lm.bench --config=...
 
 In Python:

@@ -435,7 +435,7 @@ class _ReadOnlyNotice(std_logging.Filter):
 
 @contextlib.contextmanager
 def _without_read_only_notice():
-  """Loading a checkpoint (a notebook, inspect) is read-only by request."""
+  """Loading a checkpoint (a notebook, describe) is read-only by request."""
   notice = _ReadOnlyNotice()
   logger = std_logging.getLogger('absl')
   logger.addFilter(notice)
@@ -845,7 +845,7 @@ class Checkpointer:
 
 
 # --- What each checkpoint's meta says about itself (items shown by
-# `python -m pretrain_lm.inspect WORKDIR`).
+# `python -m pretrain_lm.describe WORKDIR`).
 
 # The meta item's file inside a checkpoint (Orbax's JsonSave layout).
 META_PATH = os.path.join('meta', 'metadata')

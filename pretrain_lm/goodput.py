@@ -20,7 +20,7 @@ start's productive time per step) moves from productive to lost.
 
 Each logged step writes this start's totals as `goodput_*` fields of
 metrics.jsonl (and TensorBoard); `summarize` adds every start up, and
-`python -m pretrain_lm.inspect WORKDIR` prints it. A start that died
+`python -m pretrain_lm.describe WORKDIR` prints it. A start that died
 counts up to its last logged step, which is also as far as its lost steps
 can be known.
 

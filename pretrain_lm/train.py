@@ -733,7 +733,7 @@ class Trainer:
     return checkpoint_lib.run_description(self.config, self.mesh)
 
   def checkpoint_meta(self, state: TrainState) -> dict[str, Any]:
-    """The JSON saved with each checkpoint (pretrain_lm.inspect shows it)."""
+    """The JSON saved with each checkpoint (pretrain_lm.describe shows it)."""
     step = int(state.step)
     return {
       'step': step,

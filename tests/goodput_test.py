@@ -9,7 +9,7 @@ import jax
 import pytest
 from conftest import load_config, read_metrics
 
-from pretrain_lm import goodput, inspect, sharding, train, validate
+from pretrain_lm import describe, goodput, sharding, train, validate
 
 
 class FakeClock:
@@ -181,7 +181,7 @@ def test_resumed_run_reports_lost_steps_and_restore_time(
   assert 0 < summary['goodput'] < 1
   shares = sum(summary['share'].values())
   assert shares == pytest.approx(1.0)
-  text = inspect.format_text(inspect.describe(workdir))
+  text = describe.format_text(describe.describe(workdir))
   assert 'over 2 start(s), 10 steps' in text
   assert '(2 steps trained twice)' in text and 'restore ' in text
 

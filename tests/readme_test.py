@@ -76,7 +76,7 @@ def test_the_readme_has_the_commands_it_should():
     'pretrain_lm.evaluate',
     'pretrain_lm.convert',
     'pretrain_lm.sweep',
-    'pretrain_lm.inspect',
+    'pretrain_lm.describe',
   ):
     assert module in modules
 

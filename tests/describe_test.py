@@ -1,4 +1,4 @@
-"""`python -m pretrain_lm.inspect WORKDIR`: what each checkpoint says."""
+"""`python -m pretrain_lm.describe WORKDIR`: what each checkpoint says."""
 
 import json
 import math
@@ -12,7 +12,7 @@ import pytest
 
 import pretrain_lm
 from pretrain_lm import checkpoint
-from pretrain_lm import inspect as inspect_lib
+from pretrain_lm import describe as describe_lib
 from pretrain_lm import workdir as workdir_lib
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -24,7 +24,7 @@ def trained(tiny_workdir):
 
 
 def test_describe_lists_checkpoints_and_describes_one(trained):
-  d = inspect_lib.describe(trained)
+  d = describe_lib.describe(trained)
   assert [c['step'] for c in d['checkpoints']] == [4] and d['step'] == 4
   listed = d['checkpoints'][0]
   assert listed['bytes'] > 100_000 and listed['saved'].endswith('Z')
@@ -50,7 +50,7 @@ def test_describe_lists_checkpoints_and_describes_one(trained):
   }
   assert {n: [s, t] for n, s, t in c['params']['arrays']} == want
   assert c['params']['count'] == sum(math.prod(x.shape) for _, x in flat)
-  text = inspect_lib.format_text(d)
+  text = describe_lib.format_text(d)
   for part in (
     'step        4',
     f'git commit:   {c["git_commit"]}',
@@ -69,23 +69,23 @@ def test_config_diff_and_missing_checkpoints(trained, tmp_path, capsys):
   config = workdir_lib.read_json(f'{work}/config.json')
   config['optimizer']['learning_rate'] = 0.5
   workdir_lib.write_json(f'{work}/config.json', config)
-  diff = inspect_lib.describe(work)['checkpoint']['config_diff_vs_config_json']
+  diff = describe_lib.describe(work)['checkpoint']['config_diff_vs_config_json']
   assert list(diff) == ['optimizer.learning_rate'] and diff[
     'optimizer.learning_rate'
   ][1] == (0.5)
 
   empty = tmp_path / 'empty'
   empty.mkdir()
-  assert inspect_lib.main([str(empty)]) == 1
+  assert describe_lib.main([str(empty)]) == 1
   err = capsys.readouterr().err
   assert 'No checkpoint in' in err and str(empty) in err, err
-  assert inspect_lib.main([work, '--step=3']) == 1
+  assert describe_lib.main([work, '--step=3']) == 1
   assert 'there are [4]' in capsys.readouterr().err
 
 
 def test_command_line_prints_json(trained):
   result = subprocess.run(
-    [sys.executable, '-m', 'pretrain_lm.inspect', trained, '--json'],
+    [sys.executable, '-m', 'pretrain_lm.describe', trained, '--json'],
     cwd=REPO,
     capture_output=True,
     text=True,

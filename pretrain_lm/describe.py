@@ -1,6 +1,6 @@
-r"""What a workdir's checkpoints hold: `python -m pretrain_lm.inspect WORKDIR`.
+r"""What a workdir's checkpoints hold: `python -m pretrain_lm.describe WORKDIR`.
 
-  python -m pretrain_lm.inspect /tmp/run [--step=N] [--json] [--full_config]
+  python -m pretrain_lm.describe /tmp/run [--step=N] [--json] [--full_config]
 
 Lists the checkpoints (step, when saved, size on disk, the eval metrics
 logged at that step), sums the run's wall time over its starts into goodput
@@ -287,7 +287,7 @@ def format_text(d: dict[str, Any], full_config: bool = False) -> str:
 def main(argv: list[str] | None = None) -> int:
   """The command line; returns the exit code."""
   parser = argparse.ArgumentParser(
-    prog='python -m pretrain_lm.inspect',
+    prog='python -m pretrain_lm.describe',
     description="Lists a workdir's checkpoints and describes one.",
   )
   parser.add_argument('workdir', help='a training workdir (or gs:// path)')
