@@ -57,6 +57,37 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NO_YNNPACK = 'xla_cpu_experimental_ynn_fusion_type='
 
 
+def one_device():
+  """A 1-device mesh: compiles faster where sharding is not under test."""
+  from pretrain_lm import sharding  # noqa: PLC0415
+
+  return sharding.make_mesh(
+    {'data': 1, 'fsdp': 1, 'tensor': 1}, jax.devices()[:1]
+  )
+
+
+def tiny_cfg(family: str, **kw):
+  """A 2-layer, 32-wide ModelConfig of `family` for model-level tests,
+  without dropout in the body (`kw` overrides any field)."""
+  from pretrain_lm.models import ModelConfig  # noqa: PLC0415
+
+  return ModelConfig(
+    **{
+      'family': family,
+      'vocab_size': 50,
+      'num_layers': 2,
+      'emb_dim': 32,
+      'num_heads': 2,
+      'head_dim': 16,
+      'mlp_dim': 64,
+      'max_len': 16,
+      'dropout_rate': 0.0,
+      'attention_dropout_rate': 0.0,
+      **kw,
+    }
+  )
+
+
 def uses_ynnpack(compiled) -> bool:
   """Whether a compiled (CPU) program has a YNNPACK fusion."""
   return '"kind":"__ynn_fusion"' in compiled.as_text()

@@ -11,7 +11,14 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from conftest import COMPILE_FLAGS, REPO, load_config, read_metrics
+from conftest import (
+  COMPILE_FLAGS,
+  REPO,
+  load_config,
+  one_device,
+  read_metrics,
+  tiny_cfg,
+)
 from flax import linen as nn
 
 import pretrain_lm
@@ -19,19 +26,12 @@ from pretrain_lm import sharding, train
 from pretrain_lm.finetune import model as model_lib
 from pretrain_lm.finetune import optimizer as ft_optimizer
 from pretrain_lm.finetune import trainer
-from pretrain_lm.models import ModelConfig
 from pretrain_lm.models import encoder_decoder as encoder_decoder_lib
 
 
 def leaves(tree) -> dict:
   flat = jax.tree_util.tree_leaves_with_path(tree)
   return {ft_optimizer.path_names(p): np.asarray(v) for p, v in flat}
-
-
-def one_device():
-  return sharding.make_mesh(
-    {'data': 1, 'fsdp': 1, 'tensor': 1}, jax.devices()[:1]
-  )
 
 
 @pytest.fixture(scope='module')
@@ -192,19 +192,6 @@ def test_conll_tagging_on_the_encoder_loss_falls(t5, tmp_path):
   losses = [r['loss'] for r in read_metrics(tmp_path / 'run') if 'loss' in r]
   assert len(losses) == 4 and all(map(math.isfinite, losses)), losses
   assert losses[-1] < losses[0] - 0.2, losses
-
-
-def tiny_cfg(family: str) -> ModelConfig:
-  return ModelConfig(
-    family=family,
-    vocab_size=50,
-    num_layers=2,
-    emb_dim=32,
-    num_heads=2,
-    head_dim=16,
-    mlp_dim=64,
-    max_len=16,
-  )
 
 
 @pytest.mark.parametrize('family', ['encoder', 'decoder', 'bilm'])

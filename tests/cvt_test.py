@@ -8,34 +8,14 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from conftest import REPO, load_config, read_metrics
+from conftest import REPO, load_config, one_device, read_metrics, tiny_cfg
 from flax import linen as nn
 
-from pretrain_lm import sharding
 from pretrain_lm.finetune import config as config_lib
 from pretrain_lm.finetune import losses, trainer
 from pretrain_lm.finetune import model as model_lib
 from pretrain_lm.finetune import optimizer as ft_optimizer
-from pretrain_lm.models import ModelConfig, encoder, transformer
-
-
-def tiny_cfg(family: str = 'encoder') -> ModelConfig:
-  return ModelConfig(
-    family=family,
-    vocab_size=50,
-    num_layers=2,
-    emb_dim=32,
-    num_heads=2,
-    head_dim=16,
-    mlp_dim=64,
-    max_len=16,
-  )
-
-
-def one_device():
-  return sharding.make_mesh(
-    {'data': 1, 'fsdp': 1, 'tensor': 1}, jax.devices()[:1]
-  )
+from pretrain_lm.models import encoder, transformer
 
 
 def rows(seed=0, B=2, L=10, pad_from=7):
@@ -70,7 +50,7 @@ def test_attention_mask_keeps_one_side_of_each_query(direction):
 
 @pytest.mark.parametrize('direction', ['forward', 'backward', 'both'])
 def test_an_encoders_view_reads_only_its_side(direction):
-  model = encoder.EncoderModel(tiny_cfg())
+  model = encoder.EncoderModel(tiny_cfg('encoder'))
   batch = rows(pad_from=10)
   params = init(model, batch)
 
@@ -93,7 +73,7 @@ def test_an_encoders_view_reads_only_its_side(direction):
 
 def test_future_and_past_views_never_read_the_token_itself():
   views = ('forward', 'backward', 'future', 'past')
-  model = model_lib.FinetuneModel(tiny_cfg(), 'token', 3, cvt_views=views)
+  model = model_lib.FinetuneModel(tiny_cfg('encoder'), 'token', 3, cvt_views=views)
   batch = rows(pad_from=10)
   params = init(model, batch)
   unlabeled = dict(batch, cvt_weight=jnp.ones((2, 10)))
@@ -140,7 +120,7 @@ def test_mask_view_hides_real_non_special_tokens_at_the_rate():
 
 def cvt_model(head='classification', views=('forward', 'backward', 'mask')):
   return model_lib.FinetuneModel(
-    tiny_cfg(), head, 3, cvt_views=views, cvt_mask_id=4, cvt_keep_ids=(0,)
+    tiny_cfg('encoder'), head, 3, cvt_views=views, cvt_mask_id=4, cvt_keep_ids=(0,)
   )
 
 
@@ -216,7 +196,7 @@ def test_views_a_body_or_head_cannot_have_are_refused():
       tiny_cfg('decoder'), 'classification', 2, cvt_views=('forward',)
     )
   with pytest.raises(ValueError, match='span'):
-    model_lib.FinetuneModel(tiny_cfg(), 'span', 2, cvt_views=('mask',))
+    model_lib.FinetuneModel(tiny_cfg('encoder'), 'span', 2, cvt_views=('mask',))
   assert model_lib.default_cvt_views('token', 'electra') == (
     'forward',
     'backward',

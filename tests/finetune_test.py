@@ -17,7 +17,9 @@ from conftest import (
   REPO,
   assert_same_step,
   load_config,
+  one_device,
   read_metrics,
+  tiny_cfg,
   uses_ynnpack,
 )
 from flax import linen as nn
@@ -28,7 +30,7 @@ from pretrain_lm.finetune import config as config_lib
 from pretrain_lm.finetune import glue, losses, trainer
 from pretrain_lm.finetune import model as model_lib
 from pretrain_lm.finetune import optimizer as ft_optimizer
-from pretrain_lm.models import MODELS, ModelConfig
+from pretrain_lm.models import MODELS
 
 STEPS = 48  # 32 examples in batches of 8: 12 epochs of 4 steps
 
@@ -54,13 +56,6 @@ def ft_config(init: str, **overrides) -> ml_collections.ConfigDict:
     section, field = key.split('__')
     c[section][field] = value
   return c
-
-
-def one_device():
-  """A 1-device mesh: compiles faster where sharding is not under test."""
-  return sharding.make_mesh(
-    {'data': 1, 'fsdp': 1, 'tensor': 1}, jax.devices()[:1]
-  )
 
 
 def leaves(tree) -> dict:
@@ -319,22 +314,6 @@ def test_cli_distils_and_prints_dev_accuracy(bert, straight, tmp_path):
 
 
 # --- Heads on each family (random weights; no workdir needed).
-
-
-def tiny_cfg(family: str, **kw) -> ModelConfig:
-  return ModelConfig(
-    family=family,
-    vocab_size=50,
-    num_layers=2,
-    emb_dim=32,
-    num_heads=2,
-    head_dim=16,
-    mlp_dim=64,
-    max_len=16,
-    dropout_rate=0.0,
-    attention_dropout_rate=0.0,
-    **kw,
-  )
 
 
 def row_batch(lengths, L=10, seed=0):

@@ -16,10 +16,10 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import pytest
-from conftest import load_config, read_metrics
+from conftest import load_config, one_device, read_metrics
 from flax import linen as nn
 
-from pretrain_lm import pretrained, sharding
+from pretrain_lm import pretrained
 from pretrain_lm.finetune import config as config_lib
 from pretrain_lm.finetune import losses, text2text, trainer
 from pretrain_lm.models import MODELS, ModelConfig, decoding
@@ -296,12 +296,6 @@ def run_config(init, **task):
   c.checkpoint.every = 8
   c.mesh.data = 1
   return c
-
-
-def one_device():
-  return sharding.make_mesh(
-    {'data': 1, 'fsdp': 1, 'tensor': 1}, jax.devices()[:1]
-  )
 
 
 def check_run(workdir, results, metric, steps=(8, 16)):
