@@ -73,7 +73,9 @@ def test_an_encoders_view_reads_only_its_side(direction):
 
 def test_future_and_past_views_never_read_the_token_itself():
   views = ('forward', 'backward', 'future', 'past')
-  model = model_lib.FinetuneModel(tiny_cfg('encoder'), 'token', 3, cvt_views=views)
+  model = model_lib.FinetuneModel(
+    tiny_cfg('encoder'), 'token', 3, cvt_views=views
+  )
   batch = rows(pad_from=10)
   params = init(model, batch)
   unlabeled = dict(batch, cvt_weight=jnp.ones((2, 10)))
@@ -120,7 +122,12 @@ def test_mask_view_hides_real_non_special_tokens_at_the_rate():
 
 def cvt_model(head='classification', views=('forward', 'backward', 'mask')):
   return model_lib.FinetuneModel(
-    tiny_cfg('encoder'), head, 3, cvt_views=views, cvt_mask_id=4, cvt_keep_ids=(0,)
+    tiny_cfg('encoder'),
+    head,
+    3,
+    cvt_views=views,
+    cvt_mask_id=4,
+    cvt_keep_ids=(0,),
   )
 
 
@@ -219,6 +226,10 @@ def test_config_checks_name_the_field(tmp_path):
   with pytest.raises(ValueError, match='sideways'):
     config_lib.check_cvt(c, 'classification')
   c.cvt.views = ''
+  c.cvt.doc_format = 'paragraph'
+  with pytest.raises(ValueError, match="cvt.doc_format='paragraph'"):
+    config_lib.check_cvt(c, 'classification')
+  c.cvt.doc_format = 'line'
   c.head.freeze_backbone = True
   with pytest.raises(ValueError, match='head.freeze_backbone'):
     config_lib.check_cvt(c, 'classification')

@@ -12,6 +12,7 @@ import ml_collections
 import tensorflow as tf
 
 from pretrain_lm import configlib, validate
+from pretrain_lm.data import sources
 from pretrain_lm.finetune import TASKS
 
 # Valid values of the string-choice fields, checked before anything is built.
@@ -371,6 +372,7 @@ def check_cvt(config: ml_collections.ConfigDict, head: str) -> None:
     )
   for view in cvt_views(config):
     _choice(view, 'cvt.views entry', CVT_VIEWS)
+  _choice(cvt.doc_format, 'cvt.doc_format', sources.DOC_FORMATS)
   _require(
     0 < cvt.mask_rate < 1, f'cvt.mask_rate={cvt.mask_rate} must be in (0, 1).'
   )
