@@ -327,13 +327,13 @@ class Trainer:
         )
     # Labelled batches per epoch; with cross-view training each is
     # followed by an unlabelled one, and an epoch has twice the steps.
-    self.batches_per_epoch = self.train_split.num_rows // self.batch_size
-    if not self.batches_per_epoch:
+    batches_per_epoch = self.train_split.num_rows // self.batch_size
+    if not batches_per_epoch:
       raise ValueError(
         f'{self.train_split.num_rows} training rows make no batch of '
         f'train.batch_size={self.batch_size}.'
       )
-    self.steps_per_epoch = self.batches_per_epoch * (2 if self.cvt else 1)
+    self.steps_per_epoch = batches_per_epoch * (2 if self.cvt else 1)
     if self.cvt and self.unlabeled.num_rows < self.unlabeled_batch_size:
       raise ValueError(
         f'cvt.unlabeled={c.cvt.unlabeled!r}: {self.unlabeled.num_rows} '
@@ -660,7 +660,9 @@ class Trainer:
     epoch, index = divmod(step, split.num_rows // B)
     if self._orders.get(stream, (None,))[0] != epoch:
       # The labelled rows keep the order they have without CVT.
-      seed = [self.config.train.seed, epoch] + [stream] * stream
+      seed = [self.config.train.seed, epoch]
+      if stream:
+        seed.append(1)
       order = np.random.default_rng(seed).permutation(split.num_rows)
       self._orders[stream] = (epoch, order)
     rows = _host_rows(self._orders[stream][1][index * B : (index + 1) * B])
