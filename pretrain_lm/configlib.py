@@ -172,11 +172,6 @@ def base_config() -> ml_collections.ConfigDict:
   # [B, L, V] logits never exist at once (heads.chunked_target_xent).
   # Evaluation and decoding, which need the logits, are unaffected.
   c.model.logits_chunk = 0
-  # Causal self-attention on the einsum kernel (training and scoring, not
-  # cached decoding; not with a prefix LM's mask): queries in blocks of this
-  # many rows, each block against the keys up to its last query only,
-  # skipping the key blocks the causal mask hides. 0: the full L x L square.
-  c.model.causal_chunk = 128
   c.model.dtype = 'float32'  # activations; 'bfloat16' on accelerators
   c.model.param_dtype = 'float32'
 

@@ -213,7 +213,6 @@ def test_heads_must_divide_the_width():
     _config(**{'model.position': 'rotary', 'model.head_dim': 63}),
     'model.head_dim',
   )
-  _fails(_config(**{'model.causal_chunk': -1}), 'model.causal_chunk=-1')
 
 
 def test_override_did_you_mean_and_types():
