@@ -50,13 +50,6 @@ def get_config(arg=None):
   c.optimizer.weight_decay = 0.01
   c.train.num_steps = 1_000_000 if arg.size != 'large' else 400_000
 
-  if arg.size == 'small':
-    # On the CPU, microbatches of 2,048 tokens (16 rows), not configlib's
-    # 1,024: the 128-row step runs faster in 16-row microbatches than as
-    # one batch, and no faster in 8- or 4-row ones
-    # (experiments/benchmarks/README.md, Levers tried).
-    c.train.cpu_microbatch_tokens = 2048
-
   if arg.size == 'tiny':
     configlib.laptop_schedule(c)
     c.model.generator_width = 0.5

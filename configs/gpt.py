@@ -76,12 +76,6 @@ def get_config(arg=None):
   c.optimizer.decay = 'cosine'
   c.optimizer.final_learning_rate = 6e-5
   c.train.num_steps = 600_000
-  if arg.size != 'tiny':
-    # On the CPU, microbatches of 2,048 tokens (2 rows), not configlib's
-    # 1,024: GPT-2 small's 4 x 1024 step runs faster in 2-row microbatches
-    # than as one batch or in 1-row ones (experiments/benchmarks/README.md,
-    # Levers tried; larger sizes not measured).
-    c.train.cpu_microbatch_tokens = 2048
 
   if arg.size == 'tiny':
     nanogpt_shakespeare_char(c)

@@ -24,59 +24,6 @@ ON_CORRUPT = ('fail', 'previous')
 BEST_MODES = ('min', 'max')
 
 
-# train.compiler_options.cpu: the presets keep XLA's default, which hands
-# the matmuls and the reductions to YNNPACK. With cache-sized microbatches
-# (train.cpu_microbatch_tokens) it beats or matches YNNPACK off and YNNPACK
-# for the matmuls only; with whole-batch steps YNNPACK off can win at width
-# 768, which a config may choose (experiments/benchmarks/README.md, Levers
-# tried).
-
-
-def compiler_options_field() -> ml_collections.ConfigDict:
-  """train.compiler_options: XLA options for a run's steps, per platform.
-
-  One field per platform of the mesh's devices (cpu, gpu, tpu), each XLA
-  DebugOptions fields as space-separated name=value pairs, the names of
-  XLA_FLAGS (leading dashes optional), e.g.
-  'xla_cpu_experimental_ynn_fusion_type=LIBRARY_FUSION_TYPE_DOT'. Unlike
-  XLA_FLAGS they reach only the jitted train and eval steps, and a config
-  can choose them.
-  """
-  return ml_collections.ConfigDict({'cpu': '', 'gpu': '', 'tpu': ''})
-
-
-def parse_compiler_options(
-  text: str, field: str
-) -> dict[str, bool | int | float | str]:
-  """`name=value ...` (train.compiler_options.*) as jax.jit's options.
-
-  Values are typed as XLA expects them: true/false as booleans, numbers as
-  ints or floats, anything else (enum names, paths) as strings; `name=`
-  gives the empty string (a repeated field emptied).
-  """
-  options = {}
-  for pair in text.split():
-    name, sep, value = pair.lstrip('-').partition('=')
-    if not sep or not name:
-      raise ValueError(
-        f'{field}={text!r}: {pair!r} is not name=value (XLA option names '
-        'as in XLA_FLAGS, space-separated).'
-      )
-    options[name] = _typed(value)
-  return options
-
-
-def _typed(value: str) -> bool | int | float | str:
-  if value.lower() in ('true', 'false'):
-    return value.lower() == 'true'
-  for kind in (int, float):
-    try:
-      return kind(value)
-    except ValueError:
-      pass
-  return value
-
-
 def parse_arg(arg: str | None, **defaults) -> ml_collections.ConfigDict:
   """Parses a `size=base,runlocal` config arg into typed values.
 
@@ -309,17 +256,6 @@ def base_config() -> ml_collections.ConfigDict:
   # gradients summed: the update is data.batch_size's (still the global
   # batch) at 1/grad_accum_steps of the activation memory.
   c.train.grad_accum_steps = 1
-  # On the CPU only: each device's tokens per microbatch (rows x the row
-  # length, each seq-len stage's), at most (0: no limit), but two rows at
-  # least. The step takes more microbatches (a multiple of
-  # grad_accum_steps) until each is this small; the update is the same
-  # batch's. A small microbatch keeps a layer's activations in the CPU's
-  # caches: 1,024 tokens made every family's step faster than whole
-  # batches, at their presets' shapes and at tiny; ELECTRA-small and GPT-2
-  # (not tiny) set 2,048, their best (experiments/benchmarks/README.md,
-  # Levers tried). Two rows at least: each microbatch adds a pass over the
-  # gradients, which a one-row microbatch does not repay.
-  c.train.cpu_microbatch_tokens = 1024
   c.train.log_every = 100
   c.train.eval_every = 10_000
   # Save a checkpoint and exit cleanly at every multiple of this step (0:
@@ -341,7 +277,6 @@ def base_config() -> ml_collections.ConfigDict:
   # the same config and mesh loads its steps instead of compiling them
   # ('' : off). Share it between runs; delete it to start afresh.
   c.train.compilation_cache_dir = ''
-  c.train.compiler_options = compiler_options_field()
   # A jax.profiler trace of steps START..START+COUNT-1 ('START:COUNT'; '':
   # none) into the workdir's TensorBoard directory, from process 0
   # ('chief') or every process ('all') (pretrain_lm/profiling.py).

@@ -5,7 +5,6 @@ import functools
 import os
 import signal
 import time
-from collections.abc import Callable
 from typing import Any
 
 import flax
@@ -20,7 +19,6 @@ from jax.experimental import multihost_utils
 
 from pretrain_lm import checkpoint as checkpoint_lib
 from pretrain_lm import (
-  configlib,
   distributed,
   goodput,
   objectives,
@@ -292,13 +290,9 @@ def train_step(
   tx,
   loss_fn,
   schedule,
-  grad_accum_steps: int | Callable[[dict], int] = 1,
+  grad_accum_steps: int = 1,
 ):
-  """One optimizer step; pure, so jit can shard and donate it.
-
-  `grad_accum_steps` may be a function of the batch (its shapes, at trace
-  time), as step_microbatches gives.
-  """
+  """One optimizer step; pure, so jit can shard and donate it."""
   dropout_rng = jax.random.fold_in(
     jax.random.wrap_key_data(state.rng), state.step
   )
@@ -310,8 +304,6 @@ def train_step(
     return loss_fn(outputs, batch)
 
   grad_fn = jax.value_and_grad(compute_loss, has_aux=True)
-  if callable(grad_accum_steps):  # step_microbatches, by the row length
-    grad_accum_steps = grad_accum_steps(batch)
   if grad_accum_steps == 1:
     (loss, metrics), grads = grad_fn(state.params, batch, dropout_rng)
   else:
@@ -409,8 +401,7 @@ def jit_train_step(
   shardings,
   mesh,
   *,
-  grad_accum_steps=1,
-  compiler_options=None,
+  grad_accum_steps: int = 1,
 ):
   """train_step jitted into the state's and the batch's shardings."""
   return jax.jit(
@@ -425,30 +416,7 @@ def jit_train_step(
     in_shardings=(shardings, sharding.batch_sharding(mesh)),
     out_shardings=(shardings, sharding.replicated(mesh)),
     donate_argnums=0,
-    compiler_options=compiler_options,
   )
-
-
-def compiler_options(
-  config: ml_collections.ConfigDict, mesh
-) -> dict[str, Any] | None:
-  """train.compiler_options for the mesh's platform, checked by XLA.
-
-  None when that platform's field is empty. An option XLA does not know,
-  or a value it cannot take, raises here, naming the field, before any
-  step is traced.
-  """
-  platform = mesh.devices.flat[0].platform
-  field = f'train.compiler_options.{platform}'
-  text = config.train.compiler_options.get(platform, '')
-  options = configlib.parse_compiler_options(text, field)
-  if not options:
-    return None
-  try:
-    jax.jit(lambda: 0).lower().compile(compiler_options=options)
-  except jax.errors.JaxRuntimeError as e:
-    raise ValueError(f'{field}={text!r}: XLA rejects it: {e}') from e
-  return options
 
 
 def _field(config: ml_collections.ConfigDict, name: str):
@@ -477,62 +445,6 @@ def check_grad_accum(
     fsdp=mesh.shape['fsdp'],
   )
   return accum
-
-
-def _cpu_microbatch_tokens(config: ml_collections.ConfigDict, mesh) -> int:
-  """train.cpu_microbatch_tokens where it applies (a CPU mesh), else 0."""
-  cpu = mesh.devices.flat[0].platform == 'cpu'
-  return max(config.train.cpu_microbatch_tokens, 0) if cpu else 0
-
-
-def microbatches(
-  config: ml_collections.ConfigDict,
-  mesh,
-  seq_len: int | None = None,
-  batch_field: str = 'data.batch_size',
-) -> int:
-  """How many microbatches the step splits its batch into.
-
-  train.grad_accum_steps, or on the CPU, with train.cpu_microbatch_tokens
-  set, the fewest multiple of it whose microbatches have at most that many
-  tokens (rows of `seq_len`, default data.seq_len; two rows at least) on
-  each device and split evenly over the batch shards (none does:
-  grad_accum_steps). `batch_field` as in check_grad_accum.
-  """
-  accum = check_grad_accum(config, mesh, batch_field)
-  tokens = _cpu_microbatch_tokens(config, mesh)
-  if not tokens:
-    return accum
-  # Each microbatch adds a pass over the gradients, which a one-row
-  # microbatch does not repay (experiments/benchmarks/README.md, Levers
-  # tried).
-  rows = max(2, tokens // (seq_len or config.data.seq_len))
-  batch = _field(config, batch_field)
-  shards = mesh.shape['data'] * mesh.shape['fsdp']
-  for n in range(accum, batch + 1, accum):
-    even = batch % n == 0 and (batch // n) % shards == 0
-    if even and batch // n // shards <= rows:
-      return n
-  return accum
-
-
-def step_microbatches(
-  config: ml_collections.ConfigDict, mesh
-) -> int | Callable[[dict], int]:
-  """grad_accum_steps for jit_train_step: `microbatches`, from the row
-  length of each batch the step is traced for where the CPU's limit
-  applies (a seq-len schedule's stages share one jitted step)."""
-  accum = check_grad_accum(config, mesh)
-  if not _cpu_microbatch_tokens(config, mesh):
-    return accum
-
-  def by_row_length(batch: dict) -> int:
-    # The longest row of the batch: the stage's seq_len (an encoder-
-    # decoder's inputs; MLM's predicted positions are fewer).
-    length = max(x.shape[1] for x in jax.tree.leaves(batch) if x.ndim > 1)
-    return microbatches(config, mesh, seq_len=length)
-
-  return by_row_length
 
 
 def lower_train_step(
@@ -571,8 +483,7 @@ def lower_train_step(
       schedule,
       shardings,
       mesh,
-      grad_accum_steps=step_microbatches(config, mesh),
-      compiler_options=compiler_options(config, mesh),
+      grad_accum_steps=check_grad_accum(config, mesh),
     )
     return step.lower(state, batch)
 
@@ -619,7 +530,6 @@ class Trainer:
     self.data_start_step = 0  # where the data stream began (_check_resume)
     self.nonfinite_stop = False  # run() stopped by non-finite steps
     self.mesh = mesh or sharding.make_mesh(config.mesh)
-    self.compiler_options = compiler_options(config, self.mesh)
     if self.is_chief:
       write_run_files(config, workdir)
     self.tokenizer = self._setup_tokenizer()
@@ -665,15 +575,12 @@ class Trainer:
       best_mode=ckpt.best_mode,
       keep_every=ckpt.keep_every,
     )
-    # train.grad_accum_steps, more on the CPU (train.cpu_microbatch_tokens):
-    # the count at data.seq_len; the step counts again at each stage's.
-    self.microbatches = microbatches(config, self.mesh)
-    self._p_train_step = self.jit_step(step_microbatches(config, self.mesh))
+    self.microbatches = check_grad_accum(config, self.mesh)
+    self._p_train_step = self.jit_step(self.microbatches)
     self._p_eval_step = jax.jit(
       functools.partial(eval_step, model=self.model, loss_fn=self.loss_fn),
       in_shardings=(self.shardings.params, self.batch_sharding),
       out_shardings=sharding.replicated(self.mesh),
-      compiler_options=self.compiler_options,
     )
 
   @property
@@ -681,7 +588,7 @@ class Trainer:
     """The jitted, donated step: (state, global batch) -> (state, metrics)."""
     return self._p_train_step
 
-  def jit_step(self, grad_accum_steps: int | Callable[[dict], int]):
+  def jit_step(self, grad_accum_steps: int):
     """This run's train step, jitted, with another batch split (A/Bs and
     tests; train_step is the config's)."""
     return jit_train_step(
@@ -692,7 +599,6 @@ class Trainer:
       self.shardings,
       self.mesh,
       grad_accum_steps=grad_accum_steps,
-      compiler_options=self.compiler_options,
     )
 
   @contextlib.contextmanager

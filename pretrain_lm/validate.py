@@ -243,12 +243,6 @@ def check_devices(
   _check_mesh(config, num_devices)
 
 
-def check_compiler_options(options: ml_collections.ConfigDict) -> None:
-  """train.compiler_options: each platform's field is name=value pairs."""
-  for platform, text in options.items():
-    configlib.parse_compiler_options(text, f'train.compiler_options.{platform}')
-
-
 def check_cache_dir(path: str) -> None:
   """train.compilation_cache_dir: empty, or a directory (created if absent)."""
   import tensorflow as tf
@@ -311,11 +305,6 @@ def check_config(config: ml_collections.ConfigDict) -> None:
   _require(t.num_steps > 0, f'train.num_steps={t.num_steps} must be > 0.')
   check_monitoring(t)
   check_grad_accum(t.grad_accum_steps, d.batch_size)
-  _require(
-    t.cpu_microbatch_tokens >= 0,
-    f'train.cpu_microbatch_tokens={t.cpu_microbatch_tokens} must be >= 0 '
-    '(0: no limit).',
-  )
   pipeline.seq_len_stages(config)  # raises naming data.seq_len_schedule
   _require(
     config.optimizer.name in OPTIMIZER_NAMES,
@@ -325,7 +314,6 @@ def check_config(config: ml_collections.ConfigDict) -> None:
   for name in ('log_every', 'eval_every'):
     _require(t[name] > 0, f'train.{name}={t[name]} must be > 0.')
   check_cache_dir(t.compilation_cache_dir)
-  check_compiler_options(t.compiler_options)
   _require(c.every > 0, f'checkpoint.every={c.every} must be > 0.')
   for name in ('keep', 'keep_best', 'keep_every'):
     _require(c[name] >= 0, f'checkpoint.{name}={c[name]} must be >= 0.')

@@ -232,32 +232,6 @@ def test_word_masking_presets_predict_whole_words(tmp_path, tokenizer_path):
   assert chosen['whole_word'] != chosen['span']
 
 
-@pytest.mark.parametrize('name', CONFIGS)
-def test_xla_takes_every_presets_cpu_compile_options(name):
-  # validate checks the field's syntax only; XLA itself must know each
-  # option and take its value, or a run of that preset fails at start.
-  mesh = jax.sharding.Mesh(np.array(jax.devices('cpu')[:1]), ('data',))
-  seen = set()
-  for size in ('tiny', 'small', 'base', 'large'):
-    try:
-      c = load_config(name, f'size={size}')
-    except ValueError:  # a size this family does not offer
-      continue
-    seen.add(size)
-    train.compiler_options(c, mesh)  # raises on what XLA rejects
-  assert {'tiny', 'large'} <= seen
-  # While the presets keep XLA's defaults (configlib says why) the loop
-  # above checks empty fields; the values presets have set before, one of
-  # them the docstring's example, must stay XLA's to take back.
-  for value in ('', 'LIBRARY_FUSION_TYPE_DOT'):
-    c.train.compiler_options.cpu = (
-      f'xla_cpu_experimental_ynn_fusion_type={value}'
-    )
-    assert train.compiler_options(c, mesh) == {
-      'xla_cpu_experimental_ynn_fusion_type': value
-    }
-
-
 def test_load_file_is_what_the_config_flag_loads():
   path = os.path.join(REPO, 'configs', 'bert.py')
   loaded = configlib.load_file(f'{path}:size=tiny,objective=nsp')

@@ -50,13 +50,6 @@ import pytest  # noqa: E402
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-# Empties XLA:CPU's YNNPACK fusion list (turns YNNPACK off):
-# a compile option whose effect shows in the compiled HLO (and which jax's
-# compilation cache keys on, unlike xla_dump_to, so the suite's shared
-# cache cannot serve another compile).
-NO_YNNPACK = 'xla_cpu_experimental_ynn_fusion_type='
-
-
 def one_device():
   """A 1-device mesh: compiles faster where sharding is not under test."""
   from pretrain_lm import sharding  # noqa: PLC0415
@@ -86,11 +79,6 @@ def tiny_cfg(family: str, **kw):
       **kw,
     }
   )
-
-
-def uses_ynnpack(compiled) -> bool:
-  """Whether a compiled (CPU) program has a YNNPACK fusion."""
-  return '"kind":"__ynn_fusion"' in compiled.as_text()
 
 
 def assert_trees_equal(a, b) -> None:

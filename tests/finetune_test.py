@@ -13,14 +13,12 @@ import optax
 import pytest
 from conftest import (
   COMPILE_FLAGS,
-  NO_YNNPACK,
   REPO,
   assert_same_step,
   load_config,
   one_device,
   read_metrics,
   tiny_cfg,
-  uses_ynnpack,
 )
 from flax import linen as nn
 
@@ -230,25 +228,6 @@ def test_resume_is_exact_on_a_2x2x2_mesh(bert, straight, tmp_path):
   resumed = leaves(jax.device_get(second.state.params))
   for k, v in leaves(params).items():
     np.testing.assert_array_equal(resumed[k], v, err_msg=str(k))
-
-
-def test_compiler_options_reach_the_train_and_predict_steps(bert, tmp_path):
-  c = ft_config(bert)
-  c.train.compiler_options.cpu = NO_YNNPACK
-  run = trainer.Trainer(c, str(tmp_path), one_device())
-  assert run.compiler_options == {'xla_cpu_experimental_ynn_fusion_type': ''}
-  state = run.initial_state()
-  batch = sharding.host_to_global(run.train_batch(0), run.mesh)
-  with run.context():
-    steps = [
-      run._p_train_step.lower(state, batch).compile(),
-      run._p_predict.lower(
-        state.params, {k: batch[k] for k in run.input_keys}
-      ).compile(),
-    ]
-  x = jnp.ones((64, 64))
-  assert uses_ynnpack(jax.jit(jnp.dot).lower(x, x).compile())
-  assert not any(uses_ynnpack(step) for step in steps)
 
 
 def test_elmo_recipe_keeps_the_body_frozen(bert, tmp_path):
@@ -698,12 +677,6 @@ def test_microbatches_make_the_whole_batchs_token_step(tiny_workdir, tmp_path):
   metrics = assert_same_step(run, batch)
   assert metrics['num_predictions'] == labelled.sum()
 
-  # On the CPU, train.cpu_microbatch_tokens splits it too, by the rows'
-  # length: at most 128 tokens = 2 rows of 64 a microbatch.
-  c.train.grad_accum_steps = 1
-  c.train.cpu_microbatch_tokens = 128
-  run = trainer.Trainer(c, str(tmp_path / 'run2'), one_device())
-  assert run.microbatches == 2
   # The Trainer's own step loops over them; the unsplit step does not.
   with run.context():
     state = run.initial_state()

@@ -5,7 +5,6 @@ import json
 import math
 import os
 import shutil
-import types
 
 import jax
 import jax.numpy as jnp
@@ -104,69 +103,11 @@ def test_grad_accum_is_checked_against_batch_and_mesh(tokenizer_path):
     train.check_grad_accum(c, mesh)
 
 
-def fake_mesh(platform, data=1, fsdp=1):
-  """What train.microbatches reads of a mesh, on any platform."""
-  device = types.SimpleNamespace(platform=platform)
-  return types.SimpleNamespace(
-    shape={'data': data, 'fsdp': fsdp, 'tensor': 1},
-    devices=np.array([device] * (data * fsdp)),
-  )
-
-
-def test_cpu_microbatch_tokens_split_the_batch_on_the_cpu(tokenizer_path):
-  c = small('bert', tokenizer_path, data__batch_size=32)
-  assert c.data.seq_len == 64
-  # Which microbatch count each limit gives: tokens (rows of 64) per
-  # device at most the limit, a multiple of grad_accum_steps, dividing the
-  # batch evenly.
-  cases = {
-    # (tokens, grad_accum_steps, data shards): microbatches
-    (0, 1, 1): 1,  # no limit
-    (8 * 64, 1, 1): 4,
-    (5 * 64, 1, 1): 8,  # 4 rows: the fewest microbatches that fit
-    (5 * 64 + 63, 1, 1): 8,  # whole rows only
-    (10, 1, 1): 16,  # less than two rows: two rows each
-    (32 * 64, 1, 1): 1,
-    (16 * 64, 4, 1): 4,  # grad_accum_steps' 8 rows already fit
-    (2 * 64, 4, 1): 16,
-    (2 * 64, 1, 4): 4,  # 8 rows over 4 shards: 2 a device
-    (64, 1, 8): 2,  # two rows a device
-    (64, 1, 32): 1,  # 1 row a device: no split can help
-  }
-  got = {}
-  for tokens, accum, shards in cases:
-    c.train.cpu_microbatch_tokens, c.train.grad_accum_steps = tokens, accum
-    got[tokens, accum, shards] = train.microbatches(c, fake_mesh('cpu', shards))
-  assert got == cases
-  # Other platforms keep grad_accum_steps.
-  c.train.cpu_microbatch_tokens, c.train.grad_accum_steps = 64, 2
-  assert train.microbatches(c, fake_mesh('gpu')) == 2
-  assert train.microbatches(c, fake_mesh('tpu', fsdp=2)) == 2
-  # The step counts at each batch's row length (a seq-len schedule's
-  # stages share one step); MLM's predicted positions are not rows.
-  c.train.cpu_microbatch_tokens, c.train.grad_accum_steps = 1024, 1
-  count = train.step_microbatches(c, fake_mesh('cpu'))
-  for length, expected in ((128, 4), (512, 16), (64, 2)):
-    batch = {
-      'input_ids': np.zeros((32, length), np.int32),
-      'masked_positions': np.zeros((32, 20), np.int32),
-      'next_sentence_labels': np.zeros((32,), np.int32),
-    }
-    assert count(batch) == expected, length
-  assert train.step_microbatches(c, fake_mesh('gpu')) == 1
-  c.train.cpu_microbatch_tokens = 0
-  assert train.step_microbatches(c, fake_mesh('cpu')) == 1
-  c.train.cpu_microbatch_tokens = -1
-  with pytest.raises(ValueError, match='train.cpu_microbatch_tokens=-1'):
-    validate.check_config(c)
-
-
-def test_the_trainer_takes_cpu_microbatches(
+def test_the_trainer_takes_grad_accum_steps(
   tokenizer_path, tmp_path, monkeypatch
 ):
-  # configlib's default: 1,024 tokens a microbatch on the CPU.
   c = small('bert', tokenizer_path, data__batch_size=32, data__seq_len=128)
-  assert c.train.cpu_microbatch_tokens == 1024
+  c.train.grad_accum_steps = 4
   c.mesh.data, c.mesh.fsdp, c.mesh.tensor = 1, 1, 1
   trainer = make_trainer(c, str(tmp_path))
   assert trainer.microbatches == 4  # of 8 rows

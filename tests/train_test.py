@@ -15,13 +15,13 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from conftest import NO_YNNPACK, read_metrics, uses_ynnpack
+from conftest import read_metrics
 from flax import linen as nn
 from jax.sharding import PartitionSpec as P
 
 import pretrain_lm
-from pretrain_lm import metrics, objectives, sharding, train
-from pretrain_lm.data import pipeline, sources
+from pretrain_lm import metrics, sharding, train
+from pretrain_lm.data import sources
 from pretrain_lm.data import tokenizer as tokenizer_lib
 from pretrain_lm.models import MODELS, ModelConfig
 from pretrain_lm.models.config import size_preset
@@ -476,41 +476,4 @@ def test_bad_input_fails_fast_with_clear_message(tmp_path, override, expected):
   assert 'Traceback' not in output, output
   assert time.time() - start < 60
 
-
-def test_compiler_options_reach_the_train_and_eval_steps(
-  tmp_path, tokenizer_path
-):
-  c = load_config(**{'data.tokenizer': tokenizer_path})
-  c.train.compiler_options.cpu = f'--{NO_YNNPACK}'
-  c.train.compiler_options.gpu = 'xla_not_a_cpu_run=1'  # another platform's
-  trainer = train.Trainer(c, str(tmp_path / 'run'))
-  assert trainer.compiler_options == {
-    'xla_cpu_experimental_ynn_fusion_type': ''
-  }
-  state = trainer.initial_state()
-  host = next(
-    pipeline.train_dataset(
-      c, trainer.tokenizer, objectives.row_transform(c)
-    ).as_numpy_iterator()
-  )
-  with trainer.context():
-    batch = sharding.host_to_global(host, trainer.mesh)
-    steps = [
-      trainer.train_step.lower(state, batch).compile(),
-      trainer._p_eval_step.lower(state.params, batch).compile(),
-    ]
-  x = jnp.ones((64, 64))
-  assert uses_ynnpack(jax.jit(jnp.dot).lower(x, x).compile())
-  assert not any(uses_ynnpack(step) for step in steps)
-
-  # Empty: no options. One XLA does not know: refused at start, by field.
-  c.train.compiler_options.cpu = ''
-  assert train.compiler_options(c, trainer.mesh) is None
-  c.train.compiler_options.cpu = 'xla_cpu_enable_fast_math=maybe'
-  with pytest.raises(ValueError) as e:
-    train.Trainer(c, str(tmp_path / 'bad'))
-  assert "train.compiler_options.cpu='xla_cpu_enable_fast_math=maybe'" in str(
-    e.value
-  )
-  assert 'not a valid bool value' in str(e.value)
   assert not (tmp_path / 'bad').exists()  # refused before writing anything

@@ -302,24 +302,3 @@ def test_field_errors_come_before_tensorflow_is_imported():
     timeout=120,
   ).stdout.splitlines()
   assert out == ['objective.mask_rate=1.5 must be in (0, 1).', 'False'], out
-
-
-def test_compiler_options_are_typed_name_value_pairs():
-  parse = configlib.parse_compiler_options
-  assert parse('', 'f') == {}
-  assert parse(
-    '--xla_a=true xla_b=False  xla_c=3 xla_d=0.5 xla_e=LIBRARY_FUSION_TYPE_DOT'
-    ' xla_f=',
-    'f',
-  ) == {
-    'xla_a': True,
-    'xla_b': False,
-    'xla_c': 3,
-    'xla_d': 0.5,
-    'xla_e': 'LIBRARY_FUSION_TYPE_DOT',
-    'xla_f': '',
-  }
-  for bad in ('xla_cpu_enable_fast_math', '=1', '--'):
-    config = _config()
-    config.train.compiler_options.gpu = f'xla_b=1 {bad}'
-    _fails(config, 'train.compiler_options.gpu=', repr(bad), 'name=value')

@@ -11,7 +11,7 @@ import os
 import ml_collections
 import tensorflow as tf
 
-from pretrain_lm import configlib, validate
+from pretrain_lm import validate
 from pretrain_lm.data import sources
 from pretrain_lm.finetune import TASKS
 
@@ -147,13 +147,6 @@ def base_config() -> ml_collections.ConfigDict:
   # in pretraining (configlib): batch_size's update at 1/grad_accum_steps
   # of the activation memory.
   c.train.grad_accum_steps = 1
-  # On the CPU only: at most this many tokens per microbatch on each
-  # device (0: no limit), in two whole rows at least, as in pretraining;
-  # the update is the same batch's. 512, half pretraining's 1,024: it
-  # made the fine-tuning steps of BERT-base, MiniLM and a tiny BERT faster
-  # than whole batches, and mostly than 1,024
-  # (experiments/benchmarks/README.md, Levers tried).
-  c.train.cpu_microbatch_tokens = 512
   c.train.seed = 0  # head init, dropout and the per-epoch shuffles
   c.train.log_every = 50
   c.train.eval_every = 0  # steps; 0: at the end of each epoch
@@ -163,10 +156,6 @@ def base_config() -> ml_collections.ConfigDict:
   c.train.progress_bar = True  # on a terminal only, as in pretraining
   # jax's persistent compilation cache, as in pretraining ('' : off).
   c.train.compilation_cache_dir = ''
-  # XLA options for the train and predict steps, per platform, as in
-  # pretraining (configlib.compiler_options_field). Not taken from the
-  # pretraining config: set them here.
-  c.train.compiler_options = configlib.compiler_options_field()
   # As in pretraining (configlib): a trace of steps 'START:COUNT' into the
   # workdir's tensorboard/, the input-bound report, Weights & Biases.
   c.train.profile_steps = ''
@@ -289,7 +278,6 @@ def check_config(config: ml_collections.ConfigDict, workdir: str = '') -> None:
     )
   _require(task.seq_len > 0, f'task.seq_len={task.seq_len} must be > 0.')
   validate.check_cache_dir(train.compilation_cache_dir)
-  validate.check_compiler_options(train.compiler_options)
   _choice(config.head.pooling, 'head.pooling', POOLINGS)
   _require(
     0 <= config.head.dropout < 1,
@@ -324,11 +312,6 @@ def check_config(config: ml_collections.ConfigDict, workdir: str = '') -> None:
   _require(train.batch_size > 0, 'train.batch_size must be > 0.')
   validate.check_grad_accum(
     train.grad_accum_steps, train.batch_size, 'train.batch_size'
-  )
-  _require(
-    train.cpu_microbatch_tokens >= 0,
-    f'train.cpu_microbatch_tokens={train.cpu_microbatch_tokens} must be '
-    '>= 0 (0: no limit).',
   )
   _require(train.num_epochs > 0, 'train.num_epochs must be > 0.')
   for name in ('max_steps', 'eval_every', 'exit_interval', 'eval_batch_size'):

@@ -310,7 +310,6 @@ class Trainer:
       )
 
     self.mesh = mesh or sharding.make_mesh(c.mesh)
-    self.compiler_options = train.compiler_options(c, self.mesh)
     shards = self.mesh.shape['data'] * self.mesh.shape['fsdp']
     self.batch_size = c.train.batch_size
     self.eval_batch_size = c.train.eval_batch_size or c.train.batch_size
@@ -419,27 +418,19 @@ class Trainer:
         keep=1,
         async_save=c.checkpoint.async_save,
       )
-    # The longest input row (an encoder-decoder's inputs) sets the CPU's
-    # microbatch size, as in pretraining's step_microbatches.
-    row_length = max(
-      self.batch_shapes[k].shape[1]
-      for k in self.input_keys
-      if len(self.batch_shapes[k].shape) > 1
-    )
-    self.microbatches = train.microbatches(
-      c, self.mesh, seq_len=row_length, batch_field='train.batch_size'
+    self.microbatches = train.check_grad_accum(
+      c, self.mesh, batch_field='train.batch_size'
     )
     self._p_train_step = self.jit_step(self.microbatches)
     self._p_predict = jax.jit(
       functools.partial(predict, model=self.model),
       in_shardings=(self.shardings.params, batch_sharding),
       out_shardings=sharding.replicated(self.mesh),
-      compiler_options=self.compiler_options,
     )
 
   # The jitted step and jit_step(grad_accum_steps), as pretraining's
   # Trainer has them: the same train.jit_train_step from the same fields
-  # (model, tx, loss_fn, schedule, shardings, mesh, compiler_options).
+  # (model, tx, loss_fn, schedule, shardings, mesh).
   train_step = train.Trainer.train_step
   jit_step = train.Trainer.jit_step
 

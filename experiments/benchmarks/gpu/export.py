@@ -23,14 +23,10 @@ which have no cross-version guarantee, are let through.
 
 DIR gets init.bin and step.bin (serialized jax.export.Exported: a batch
 -> the state's leaves; (leaves, batch) -> (leaves, metrics)), batch.npz
-and manifest.json. The manifest carries the config's
-train.compiler_options for --platform, parsed; run_exported compiles the
-init and the step with them, as the Trainer would there (XLA can check
-them only on that platform, so a rejected option fails there).
+and manifest.json.
 """
 
 import contextlib
-import copy
 import json
 import os
 import shutil
@@ -104,21 +100,11 @@ def export_train(
 
 def _export(config, workdir, platform, disabled, mesh):
   """export_train's work, inside the cuDNN lowering context if any."""
-  from pretrain_lm import configlib, sharding, train  # noqa: PLC0415
+  from pretrain_lm import sharding, train  # noqa: PLC0415
   from pretrain_lm.bench import step as step_lib  # noqa: PLC0415
   from pretrain_lm.data import pipeline  # noqa: PLC0415
 
-  config = copy.deepcopy(config)  # the caller's stays as it was
-  if platform != 'cpu':
-    # The mesh here is this machine's CPUs; a CPU-only knob must not shape
-    # the step lowered for another platform.
-    config.train.cpu_microbatch_tokens = 0
-  # jax.jit takes compiler options at the top level only, and here the
-  # Trainer's steps are traced inside export's own jit: the options go to
-  # the manifest, for run_exported's compile.
-  traced = copy.deepcopy(config)
-  traced.train.compiler_options = configlib.compiler_options_field()
-  trainer = train.Trainer(traced, workdir, mesh=mesh)
+  trainer = train.Trainer(config, workdir, mesh=mesh)
   host_batch = next(
     pipeline.train_dataset(
       config, trainer.tokenizer, trainer.row_transform
@@ -178,7 +164,6 @@ def _export(config, workdir, platform, disabled, mesh):
       trainer.model_config, shapes
     ),
     'pad_fraction': step_lib.pad_fraction(host_batch),
-    'compiler_options': target_compiler_options(config, platform),
   }
   return (
     manifest,
@@ -186,16 +171,6 @@ def _export(config, workdir, platform, disabled, mesh):
     exported_step.serialize(),
     host_batch,
   )
-
-
-def target_compiler_options(config, platform: str) -> dict:
-  """train.compiler_options for the platform lowered for, parsed (cuda
-  and rocm devices are jax's 'gpu' platform)."""
-  from pretrain_lm import configlib  # noqa: PLC0415
-
-  key = 'gpu' if platform in ('cuda', 'rocm') else platform
-  text = config.train.compiler_options.get(key, '')
-  return configlib.parse_compiler_options(text, f'train.compiler_options.{key}')
 
 
 def write(out: str, manifest, init: bytes, step: bytes, batch) -> None:

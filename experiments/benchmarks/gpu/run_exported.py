@@ -9,9 +9,7 @@ state on the default device, compiles the step with the state donated,
 and times it the way `python -m pretrain_lm.bench` does (each step waited
 for; the median of --steps after --warmup). Prints one JSON line per DIR
 with the bench's figures; MFU is against this device kind's datasheet
-peak (metrics.PEAK_FLOPS). Both compile with the manifest's
-compiler_options (the config's train.compiler_options for the platform,
-as the Trainer's steps do there). Of pretrain_lm it imports only
+peak (metrics.PEAK_FLOPS). Of pretrain_lm it imports only
 bench.timing, xla_flags and metrics (whose TensorFlow import waits for a
 MetricWriter), so it runs where only JAX is installed. On a GPU it adds
 xla_flags.GPU_DEFAULTS to XLA_FLAGS, as the training commands do.
@@ -53,22 +51,6 @@ def load(directory: str):
   return manifest, exported[0], exported[1], batch
 
 
-def compiler_options(directory: str, manifest: dict) -> dict | None:
-  """The config's XLA options for this platform (None: XLA's defaults;
-  manifests written before they were recorded have none), checked by XLA
-  here: export could only parse them."""
-  options = manifest.get('compiler_options') or None
-  if options:
-    try:
-      jax.jit(lambda: 0).lower().compile(options)
-    except jax.errors.JaxRuntimeError as e:
-      raise ValueError(
-        f'{os.path.join(directory, "manifest.json")}: compiler_options '
-        f'{options}: XLA on {jax.default_backend()} rejects them: {e}'
-      ) from e
-  return options
-
-
 def log(message: str) -> None:
   """Progress on stderr with the time, so stdout keeps only the JSON."""
   print(f'[{time.strftime("%H:%M:%S")}] {message}', file=sys.stderr, flush=True)
@@ -79,9 +61,8 @@ def compile_only(directory: str) -> dict:
   manifest, init, step, batch = load(directory)
   device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
   batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in batch.items()}
-  options = compiler_options(directory, manifest)
   start = time.perf_counter()
-  jax.jit(init.call).lower(batch).compile(options)
+  jax.jit(init.call).lower(batch).compile()
   init_compile_s = time.perf_counter() - start
   # The init's outputs are committed to the device: so is the step's state.
   leaves = jax.tree.map(
@@ -89,19 +70,17 @@ def compile_only(directory: str) -> dict:
     jax.tree.unflatten(init.out_tree, init.out_avals),
   )
   start = time.perf_counter()
-  compiled = (
-    jax.jit(step.call, donate_argnums=0).lower(leaves, batch).compile(options)
-  )
+  compiled = jax.jit(step.call, donate_argnums=0).lower(leaves, batch).compile()
   return {
     'what': 'compile',
-    **_setting(directory, manifest, options),
+    **_setting(directory, manifest),
     'init_compile_s': init_compile_s,
     'compile_s': time.perf_counter() - start,
     'memory_gib': timing.peak_memory_gib(compiled),
   }
 
 
-def _setting(directory: str, manifest: dict, options: dict | None) -> dict:
+def _setting(directory: str, manifest: dict) -> dict:
   """What both commands' results record about the step and the machine."""
   return {
     'exported': directory,
@@ -109,7 +88,6 @@ def _setting(directory: str, manifest: dict, options: dict | None) -> dict:
     'device_kind': jax.devices()[0].device_kind,
     'jax': jax.__version__,
     'xla_flags': os.environ.get('XLA_FLAGS', ''),
-    'compiler_options': options or {},
     'batch_size': manifest['batch_size'],
   }
 
@@ -121,16 +99,15 @@ def run(
   `profile_dir` is given)."""
   manifest, init, step, batch = load(directory)
   batch = jax.device_put(batch)
-  options = compiler_options(directory, manifest)
   log(f'{directory}: compiling and running the initialisation')
   start = time.perf_counter()
-  init_compiled = jax.jit(init.call).lower(batch).compile(options)
+  init_compiled = jax.jit(init.call).lower(batch).compile()
   init_compile_s = time.perf_counter() - start
   start = time.perf_counter()
   leaves = jax.block_until_ready(init_compiled(batch))
   init_run_s = time.perf_counter() - start
   log(f'{directory}: compiling and timing the step')
-  jitted = jax.jit(step.call, donate_argnums=0, compiler_options=options)
+  jitted = jax.jit(step.call, donate_argnums=0)
   timed = timing.compile_run(jitted, leaves, batch)
   timing.time_in_turn([timed], steps=steps, warmup=warmup)
   tokens, flops = manifest['tokens_per_step'], manifest['model_flops_per_step']
@@ -140,7 +117,7 @@ def run(
   figures['step_s_pipelined'] = timing.time_pipelined(timed, steps=steps)
   result = {
     'what': 'train',
-    **_setting(directory, manifest, options),
+    **_setting(directory, manifest),
     'family': manifest['family'],
     'objective': manifest['objective'],
     'attention_impl': manifest['attention_impl'],
