@@ -9,6 +9,7 @@ import shutil
 import jax
 import jax.numpy as jnp
 import numpy as np
+import orbax.checkpoint as ocp
 import pytest
 from conftest import assert_trees_equal, read_metrics
 from jax.sharding import NamedSharding
@@ -16,6 +17,7 @@ from jax.sharding import PartitionSpec as P
 
 from pretrain_lm import checkpoint as ckpt
 from pretrain_lm import workdir as workdir_lib
+from pretrain_lm.checkpoint import integrity
 
 
 def make_state(step: int, mesh=None) -> dict:
@@ -146,13 +148,13 @@ def test_host_sum_equals_the_on_device_sum():
       'raw_key': jax.random.PRNGKey(3),
     }
   )
-  assert all(ckpt._on_host(v) for v in flat.values())
-  on_device = ckpt._device_checksums(flat)
-  assert {k: ckpt._host_checksum(v) for k, v in flat.items()} == on_device
+  assert all(integrity._on_host(v) for v in flat.values())
+  on_device = integrity._device_checksums(flat)
+  assert {k: integrity._host_checksum(v) for k, v in flat.items()} == on_device
   assert ckpt.checksums(flat) == on_device
   # Sharding changes nothing; the values do.
   assert on_device['split_3_ways'] == on_device['replicated']
-  assert on_device['split_3_ways'] != ckpt._host_checksum(put(-x, 'a'))
+  assert on_device['split_3_ways'] != integrity._host_checksum(put(-x, 'a'))
 
 
 def test_host_sum_equals_the_on_device_sum_for_64_bit_words():
@@ -172,14 +174,16 @@ def test_host_sum_equals_the_on_device_sum_for_64_bit_words():
       }
     )
     assert flat['float64'].dtype == jnp.float64
-    on_device = ckpt._device_checksums(flat)
-    assert {k: ckpt._host_checksum(v) for k, v in flat.items()} == on_device
+    on_device = integrity._device_checksums(flat)
+    assert {
+      k: integrity._host_checksum(v) for k, v in flat.items()
+    } == on_device
     # Swapping the two words of one element changes the sum.
     swapped = longs.copy()
     swapped.view(np.uint32).reshape(4, 8, 2)[0, 0] = swapped.view(
       np.uint32
     ).reshape(4, 8, 2)[0, 0, ::-1]
-    assert ckpt._host_checksum(jnp.asarray(swapped)) != on_device['int64']
+    assert integrity._host_checksum(jnp.asarray(swapped)) != on_device['int64']
 
 
 def test_one_process_writes_replicated_shards_whole(tmp_path):
@@ -401,7 +405,7 @@ def test_local_cleanup_is_done_when_the_constructor_returns(
   # it raced a later save into the same directory once.
   background = []
   monkeypatch.setattr(
-    ckpt.ocp.checkpoint_manager.temporary_paths,
+    ocp.checkpoint_manager.temporary_paths,
     'cleanup_temporary_paths',
     lambda *args, **kwargs: background.append(args),
   )
