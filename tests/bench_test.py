@@ -26,10 +26,9 @@ from pretrain_lm.models.config import ModelConfig
 # One config per model family (and both encoder-decoders), each config
 # file's argument after 'size=tiny'. ALBERT's shared layer is a scan, whose
 # body XLA's cost analysis counts once: two layers, a scan of one and the
-# last at the predicted positions; a scanned BERT stack likewise. A prefix
-# LM attends over the whole square, where causal stacks run
-# layers.causal_blocks. The BiLM with 2 layers per direction (its preset
-# has 4): the same formula, half the compile.
+# last at the predicted positions; a scanned BERT stack likewise. The BiLM
+# with 2 layers per direction (its preset has 4): the same formula, half
+# the compile.
 FAMILIES = {
   'bert': ('bert', '', {}),
   'gpt': ('gpt', '', {}),
@@ -81,7 +80,6 @@ def test_model_flops_are_the_compiled_steps_flops(family, tokenizer):
   c.model.update(WIDTH, **overrides)
   c.model.vocab_size = 1024
   c.data.batch_size, c.data.seq_len = 2, 64
-  c.model.causal_chunk = 24  # causal rows of 64 (BART's decoder too): 3 blocks
   c.mesh.data = 1
   shapes = {
     k: jax.ShapeDtypeStruct((c.data.batch_size, *s), np.dtype(d))
@@ -104,17 +102,16 @@ def test_cudnn_causal_attention_counts_the_keys_its_mask_keeps():
   # of its own: the FLOPs count the triangle, (L + 1) / 2 keys per query.
   base = ModelConfig.from_config(load_config('gpt', 'size=tiny').model)
 
-  def keys(impl, chunk=0, causal=True):
+  def keys(impl, causal=True):
     cfg = dataclasses.replace(
-      base, attention_impl=impl, attention_dropout_rate=0.0, causal_chunk=chunk
+      base, attention_impl=impl, attention_dropout_rate=0.0
     )
     return transformer.attended_keys(cfg, 64, causal)
 
   assert keys('cudnn') == 32.5
   assert keys('cudnn', causal=False) == 64
+  # The einsum kernel runs the whole square.
   assert keys('einsum') == 64
-  # The einsum kernel's blocks of 24 rows: against 24, 48 and 64 keys.
-  assert keys('einsum', chunk=24) == (24 * 24 + 24 * 48 + 16 * 64) / 64
 
 
 def test_runs_are_timed_in_turn_and_skipped_steps_raise():

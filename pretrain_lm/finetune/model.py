@@ -396,7 +396,7 @@ class FinetuneModel(nn.Module):
         return outputs['pooled']
       return pool(h_BLD, rows['input_mask'], pooling)
 
-    drop = layers.Dropout(self.dropout)
+    drop = nn.Dropout(self.dropout)
     if self.siamese:
       # Sentence-BERT (Reimers & Gurevych, 2019): one body, two sentences.
       u_BD = sentence(batch)

@@ -68,7 +68,6 @@ class ModelConfig:
   remat: str = 'none'
   attention_impl: str = 'einsum'
   logits_chunk: int = 0
-  causal_chunk: int = 128
   dtype: str = 'float32'
   param_dtype: str = 'float32'
 
@@ -93,10 +92,6 @@ class ModelConfig:
       raise ValueError(
         f'model.position=rotary needs an even model.head_dim, got '
         f'{self.head_dim}.'
-      )
-    if self.causal_chunk < 0:
-      raise ValueError(
-        f'model.causal_chunk={self.causal_chunk} must be >= 0 (0: off).'
       )
     if not 0 < self.generator_width <= 1:
       raise ValueError(

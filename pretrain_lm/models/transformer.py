@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
-from pretrain_lm.models import layers
+from pretrain_lm.models import kernels, layers
 from pretrain_lm.models.config import ModelConfig
 
 Array = jax.Array
@@ -67,7 +67,7 @@ class Embedder(nn.Module):
       )(type_ids_BL)
     if cfg.embed_norm:
       x_BLE = layers.norm(cfg, 'embed_norm')(x_BLE)
-    x_BLE = layers.Dropout(cfg.dropout_rate)(x_BLE, deterministic=deterministic)
+    x_BLE = nn.Dropout(cfg.dropout_rate)(x_BLE, deterministic=deterministic)
     return nn.with_logical_constraint(x_BLE, layers.BLD)
 
 
@@ -94,10 +94,10 @@ class TransformerLayer(nn.Module):
   def __call__(self, x_BLD: Array, ctx: dict) -> tuple[Array, None]:
     cfg, det = self.cfg, self.deterministic
     out_std = layers.residual_std(cfg, self.num_layers)
-    dropout = layers.Dropout(cfg.dropout_rate)
+    dropout = nn.Dropout(cfg.dropout_rate)
 
-    # A causal mask's kernels skip the blocks it hides: not while decoding
-    # (the cache masks) nor with a prefix LM's bidirectional prefix.
+    # cuDNN's kernel skips the key blocks a causal mask hides: not while
+    # decoding (the cache masks) nor with a prefix LM's bidirectional prefix.
     causal = self.purely_causal(ctx)
 
     def self_attention(h, norm):
@@ -455,7 +455,7 @@ def stack_flops_per_token(
   6N in all. Counted per layer: the attention and MLP projections
   (4·D·H·K + 2·D·F, or 3·D·F with a GLU), the score and value products of
   attention (2 matmuls of L·H·K per token, 6·2·L·H·K) over the keys they
-  run over (attended_keys: L, or fewer for a `causal` stack's blocks),
+  run over (attended_keys: L, or fewer for a `causal` stack on cuDNN),
   and, with cross-attention, its query and output projections and its
   products over the cross_len encoder positions (its key and value
   projections run once per encoder position: see kv_flops). The factorised
@@ -474,18 +474,14 @@ def stack_flops_per_token(
 
 def attended_keys(cfg: ModelConfig, seq_len: int, causal: bool) -> float:
   """Keys per query that self-attention's score and value products run
-  over, averaged over a row: seq_len; for a purely causal mask on the
-  einsum kernel, those of its blocks (layers.causal_blocks); on cuDNN's,
-  which skips the blocks above the diagonal in tiles of its own choosing,
-  the triangle the mask keeps, (seq_len + 1) / 2 (a floor: the diagonal
-  tiles run whole)."""
-  impl = layers.attention_impl(cfg, deterministic=False)
-  if not causal or impl not in ('einsum', 'cudnn'):
-    return float(seq_len)
-  if impl == 'cudnn':
+  over, averaged over a row: seq_len; for a purely causal mask on cuDNN's
+  kernel, which skips the blocks above the diagonal in tiles of its own
+  choosing, the triangle the mask keeps, (seq_len + 1) / 2 (a floor: the
+  diagonal tiles run whole)."""
+  impl = kernels.attention_impl(cfg, deterministic=False)
+  if causal and impl == 'cudnn':
     return (seq_len + 1) / 2
-  blocks = layers.causal_blocks(seq_len, seq_len, cfg.causal_chunk)
-  return sum((q1 - q0) * s1 for q0, q1, s1 in blocks) / seq_len
+  return float(seq_len)
 
 
 def stack_flops_per_row(
