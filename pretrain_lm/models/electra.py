@@ -105,7 +105,7 @@ class ElectraModel(nn.Module):
     if deterministic:  # evaluation: the generator's most likely token
       sampled = jnp.argmax(logits, axis=-1)
     else:
-      sampled = heads.sample_categorical(self.make_rng('dropout'), logits)
+      sampled = jax.random.categorical(self.make_rng('dropout'), logits)
     # The original text, then the samples at the masked positions; padding
     # slots scatter out of range and are dropped.
     B, L = ids.shape

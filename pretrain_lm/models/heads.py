@@ -72,20 +72,8 @@ class MlmHead(nn.Module):
       (cfg.vocab_size,),
       cfg.jnp_param_dtype,
     )
-    logits_BPV = add_vocab_bias(logits_BPV, bias_V.astype(cfg.jnp_dtype))
+    logits_BPV = logits_BPV + bias_V.astype(cfg.jnp_dtype)
     return nn.with_logical_constraint(logits_BPV, layers.BLV)
-
-
-def add_vocab_bias(logits_BPV: Array, bias_V: Array) -> Array:
-  """logits + bias, the bias's gradient summed over the B*P rows by
-  layers.broadcast_rows (on the CPU a product with ones).
-
-  XLA:CPU's YNNPACK reduce sums a [rows, V] gradient over its rows slowly
-  when V is a vocabulary (experiments/benchmarks/README.md, Levers tried).
-  """
-  B, P, V = logits_BPV.shape
-  bias_NV = layers.broadcast_rows(bias_V[None], B * P)
-  return logits_BPV + bias_NV.reshape(B, P, V)
 
 
 class LmHead(nn.Module):
@@ -119,73 +107,6 @@ class LmHead(nn.Module):
     )
 
 
-# Top-1 over a vocabulary, cheaply. XLA:CPU reduces a (value, index) pair
-# (argmax) one element at a time, with whatever produces its input fused
-# in; comparisons and plain reductions vectorise (experiments/benchmarks/
-# README.md, Levers tried). It keeps argmax's rule: the first of tied
-# maxima wins.
-
-
-def is_argmax(logits: Array, labels: Array) -> Array:
-  """jnp.argmax(logits, -1) == labels, as comparisons and an any-reduce:
-  no logit beats the label's, and none before it ties it."""
-  label_logit = jnp.take_along_axis(logits, labels[..., None], axis=-1)
-  index = jax.lax.broadcasted_iota(jnp.int32, logits.shape, logits.ndim - 1)
-  before = index < labels[..., None]
-  beaten = jnp.where(before, logits >= label_logit, logits > label_logit)
-  return jnp.logical_not(jnp.any(beaten, axis=-1))
-
-
-def sample_categorical(rng: Array, logits: Array, block: int = 128) -> Array:
-  """A draw from softmax(logits) over the last axis, for every row, by
-  inverting its CDF in two levels: a block of `block` entries drawn by
-  the blocks' sums of exp(logits - max), then an entry inside it by its
-  own weights, each from one uniform. One exp per entry and no random
-  numbers per entry, where the Gumbel-max trick takes two logs and a
-  threefry word per entry (experiments/benchmarks/README.md, Levers
-  tried)."""
-  x = logits.astype(jnp.float32)
-  *lead, V = x.shape
-  u = _uniforms(rng, (*lead, 2))
-  max_ = jnp.max(x, axis=-1, keepdims=True)
-  if 2 * block >= V:
-    return _inverse_cdf(jnp.exp(x - max_), u[..., 0])
-  n = -(-V // block)
-  padded = jnp.pad(
-    x, [(0, 0)] * len(lead) + [(0, n * block - V)], constant_values=-jnp.inf
-  )
-  blocks = padded.reshape(*lead, n, block)
-  sums = jnp.sum(jnp.exp(blocks - max_[..., None]), axis=-1)
-  j = _inverse_cdf(sums, u[..., 0])
-  inside = jnp.take_along_axis(blocks, j[..., None, None], axis=-2)
-  k = _inverse_cdf(jnp.exp(inside[..., 0, :] - max_), u[..., 1])
-  # In range even if a block's sum were subnormal (drawn with probability
-  # below 1e-38), where rounding could leave no index inside it.
-  return jnp.minimum(j * block + k, V - 1)
-
-
-def _uniforms(rng: Array, shape: tuple[int, ...]) -> Array:
-  """Uniform floats in [0, 1) with 23 random mantissa bits, as
-  jax.random.uniform makes them, from layers.random_words."""
-  words = layers.random_words(rng, shape)
-  one_two = (words >> jnp.uint32(9)) | jnp.uint32(0x3F800000)
-  return jax.lax.bitcast_convert_type(one_two, jnp.float32) - 1.0
-
-
-def _inverse_cdf(weights: Array, u: Array) -> Array:
-  """The first index whose running sum of `weights` (last axis, not
-  negative, some positive) exceeds u times their total, u in [0, 1).
-
-  u < 1 has at most 23 mantissa bits, so u times the total rounds below
-  the total and some index qualifies; the one found has a positive weight
-  (its running sum grew past the target there), so an entry of weight 0
-  (a masked logit, the padding) is never drawn.
-  """
-  running = jnp.cumsum(weights, axis=-1)
-  target = u[..., None] * running[..., -1:]
-  return jnp.sum(running <= target, axis=-1)
-
-
 def chunked_target_xent(
   model: nn.Module, x_BLD: Array, targets_BL: Array, chunk: int
 ) -> dict[str, Array]:
@@ -212,7 +133,7 @@ def chunked_target_xent(
     # float32 softmax, as clm.token_cross_entropy.
     logits_BCV = mdl.lm_head(x_BCD, mdl.token_embed).astype(jnp.float32)
     xent = optax.softmax_cross_entropy_with_integer_labels(logits_BCV, t_BC)
-    correct = is_argmax(logits_BCV, t_BC).astype(jnp.float32)
+    correct = (jnp.argmax(logits_BCV, -1) == t_BC).astype(jnp.float32)
     return carry, (xent, correct)
 
   scan = nn.scan(

@@ -13,7 +13,6 @@ import optax
 import tensorflow as tf
 
 from pretrain_lm.data import tokenizer as tokenizer_lib
-from pretrain_lm.models import heads
 
 FAMILIES = ('decoder',)
 
@@ -70,7 +69,7 @@ def token_cross_entropy(logits, labels, weights):
   # float32 softmax: bfloat16 log-sum-exp over a large vocab loses precision.
   logits = logits.astype(jnp.float32)
   xent = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
-  correct = heads.is_argmax(logits, labels).astype(jnp.float32)
+  correct = (jnp.argmax(logits, -1) == labels).astype(jnp.float32)
   return weighted_means(xent, correct, weights)
 
 

@@ -34,7 +34,6 @@ import optax
 import tensorflow as tf
 
 from pretrain_lm.data import tokenizer as tokenizer_lib
-from pretrain_lm.models import heads
 from pretrain_lm.objectives import sentence_pairs
 
 FAMILIES = ('encoder',)
@@ -460,7 +459,7 @@ def loss(
   # A batch with nothing to predict gives 0, not NaN.
   denominator = jnp.maximum(num_predictions, 1e-8)
   mean_loss = jnp.sum(xent * weights) / denominator
-  correct = heads.is_argmax(logits, labels).astype(jnp.float32)
+  correct = (jnp.argmax(logits, -1) == labels).astype(jnp.float32)
   accuracy = jnp.sum(correct * weights) / denominator
   metrics = {
     'loss': mean_loss,
