@@ -17,6 +17,7 @@ from conftest import COMPILE_FLAGS
 from flax import linen as nn
 
 from pretrain_lm import evaluate, pretrained
+from pretrain_lm.evaluate import __main__ as evaluate_main
 from pretrain_lm.models import MODELS, ModelConfig
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -308,11 +309,11 @@ def test_cli_prints_and_writes_json(gpt, tmp_path):
 
 
 def run_cli(**flag_values):
-  """evaluate.run on these flags, parsed as the command line would be."""
+  """The program's run on these flags, parsed as the command line would be."""
   fv = flags.FlagValues()
-  evaluate.define_flags(fv)
+  evaluate_main.define_flags(fv)
   fv(['evaluate'] + [f'--{k}={v}' for k, v in flag_values.items()])
-  return evaluate.run(fv)
+  return evaluate_main.run(fv)
 
 
 def test_missing_workdir_or_data_is_a_clear_error(gpt, tmp_path):
