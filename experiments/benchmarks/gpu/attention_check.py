@@ -1,7 +1,7 @@
-r"""Checks layers.fused_attention on a GPU against float32 attention.
+r"""Checks kernels.cudnn.attention on a GPU against float32 attention.
 
 cuDNN's kernel runs on NVIDIA GPUs only, so the CPU suite can check how
-it is lowered (tests/layers_test.py) but not what it computes. This
+it is lowered (tests/kernels_test.py) but not what it computes. This
 script does the rest in two halves, so that the GPU machine needs only
 jax and numpy, and runs the program this jax version lowers:
 
@@ -121,14 +121,14 @@ def reference(q, k, v, bias, mask):
 def export_cases(directory):
   import export  # noqa: PLC0415 (this directory's, beside the script)
 
-  from pretrain_lm.models import layers  # noqa: PLC0415
+  from pretrain_lm.models.kernels import cudnn as kernel  # noqa: PLC0415
 
   os.makedirs(directory, exist_ok=True)
   for name in CASES:
     args, causal = draw(name)
 
     def cudnn(q, k, v, bias, mask, causal=causal):
-      return layers.fused_attention(
+      return kernel.attention(
         q,
         k,
         v,
@@ -146,7 +146,7 @@ def export_cases(directory):
       jax.export.DisabledSafetyCheck.custom_call(t)
       for t in export.cudnn_targets()
     ]
-    with layers.cudnn_off_gpu(90800):
+    with kernel.cudnn_off_gpu(90800):
       exported = jax.export.export(
         jax.jit(step), platforms=['cuda'], disabled_checks=disabled
       )(args)
