@@ -11,6 +11,7 @@ import pytest
 from conftest import COMPILE_FLAGS, read_metrics
 
 from pretrain_lm import sweep
+from pretrain_lm.sweep import launchers
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY_SWEEP = os.path.join(REPO, 'experiments', 'sweeps', 'tiny_lr.py')
@@ -528,7 +529,7 @@ def test_sweep_spread_over_two_tpu_slices(tmp_path, capsys, monkeypatch):
   script = fake_repo / 'launch' / 'tpu_pod.sh'
   script.write_text(FAKE_TPU_POD)
   script.chmod(0o755)
-  monkeypatch.setattr(sweep, 'REPO', str(fake_repo))
+  monkeypatch.setattr(launchers, 'REPO', str(fake_repo))
   monkeypatch.setenv('OUT', str(tmp_path))
   argv = [
     write_sweep(tmp_path, "sweep.choice('train.seed', [1, 2, 3])"),
