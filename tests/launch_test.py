@@ -290,7 +290,7 @@ def test_tpu_pod_run_recreates_a_preempted_vm(tmp_path):
   # The new VM is set up again: the checkout copied and installed there.
   i = calls.index('delete')
   assert calls[i : i + 4] == ['delete', 'create', 'scp', 'ssh']
-  assert (home / 'pretrain_lm' / 'pretrain_lm' / 'sweep.py').exists()
+  assert (home / 'pretrain_lm' / 'pretrain_lm' / 'main.py').exists()
   assert (home / 'args2').read_text().splitlines()[2:] == MAIN_ARGS
 
 
