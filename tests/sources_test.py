@@ -9,6 +9,7 @@ import tensorflow_datasets as tfds
 
 from pretrain_lm import configlib
 from pretrain_lm.data import pipeline, sources
+from pretrain_lm.data.sources import sampling, scan
 
 
 def _data_config(source, eval_source='', **overrides):
@@ -189,7 +190,7 @@ def test_iter_texts_samples_the_whole_training_split(numbered):
 def test_iter_texts_reads_windows_of_a_large_source(tmp_path, monkeypatch):
   # Past _SAMPLE_WHOLE_BYTES, documents come from windows at random
   # offsets of every file, not the head of the first.
-  monkeypatch.setattr(sources, '_SAMPLE_WHOLE_BYTES', 1000)
+  monkeypatch.setattr(sampling, '_SAMPLE_WHOLE_BYTES', 1000)
   for name in 'ab':
     lines = [f'{name} line {i} ' + 'x' * 40 for i in range(20000)]
     (tmp_path / f'{name}.txt').write_text('\n'.join(lines) + '\n')
@@ -502,7 +503,7 @@ def test_bad_lines_are_cut_from_a_slice(tmp_path):
 
 
 def test_a_line_longer_than_a_read_chunk(tmp_path, monkeypatch):
-  monkeypatch.setattr(sources, '_CHUNK_BYTES', 64)
+  monkeypatch.setattr(scan, '_CHUNK_BYTES', 64)
   text = b'a\n' + b'y' * 1000 + b'\nb\n' + b' ' * 500 + b'\nc'
   (tmp_path / 'a.txt').write_bytes(text)
   config = _bad_config(tmp_path)
@@ -534,8 +535,8 @@ def test_a_line_longer_than_a_read_chunk(tmp_path, monkeypatch):
   ],
 )
 def test_python_scan_and_tf_filter_agree(doc):
-  want = sources._fault(doc, 200) is None
-  assert bool(sources._is_text(tf.constant(doc), 200)) == want
+  want = scan._fault(doc, 200) is None
+  assert bool(scan._is_text(tf.constant(doc), 200)) == want
 
 
 def test_hosts_scan_and_read_only_their_own_files(corpus, monkeypatch):
@@ -544,13 +545,13 @@ def test_hosts_scan_and_read_only_their_own_files(corpus, monkeypatch):
   everything = _docs(config)
   names = sorted(p.name for p in corpus.iterdir())
   scanned = []
-  real_scan = sources._scan_file
+  real_scan = scan._scan_file
   monkeypatch.setattr(
-    sources,
+    scan,
     '_scan_file',
     lambda file, *a: scanned.append(file.path) or real_scan(file, *a),
   )
-  sources._SCANS.clear()
+  scan._SCANS.clear()
   shards = []
   for i in range(2):
     scanned.clear()
