@@ -78,6 +78,36 @@ def _reconstruction_log_probs(model, params, batch):
   )
 
 
+def _continuation_item(
+  context: Sequence[int],
+  continuation: Sequence[int],
+  max_len: int,
+  backward: bool,
+) -> Item:
+  """One (context, continuation) pair as a causal row's segment."""
+  context, continuation = list(context), list(continuation)
+  if len(continuation) > max_len:
+    raise ValueError(
+      f'A continuation of {len(continuation)} tokens does not fit '
+      f'max_len={max_len} inputs.'
+    )
+  # Inputs are the sequence but its last token: keep what fits.
+  keep = max_len + 1 - len(continuation)
+  context = context[max(0, len(context) - keep) :]
+  if not context:
+    raise ValueError('score_continuations needs at least one context token.')
+  sequence = context + continuation
+  weights = [0] * (len(context) - 1) + [1] * len(continuation)
+  arrays = {
+    'input_ids': sequence[:-1],
+    'target_ids': sequence[1:],
+    'weights': weights,
+  }
+  if backward:  # the model reverses the row for its backward stack
+    arrays = {k: v[::-1] for k, v in arrays.items()}
+  return Item(arrays)
+
+
 def score_continuations(
   model,
   params,
@@ -124,29 +154,10 @@ def score_continuations(
     lp[0].sum()  # log p(' Good morrow' | 'ROMEO:')
   """
   max_len = max_len or cfg.max_len
-  items = []
-  for context, continuation in zip(context_ids, continuation_ids, strict=True):
-    context, continuation = list(context), list(continuation)
-    if len(continuation) > max_len:
-      raise ValueError(
-        f'A continuation of {len(continuation)} tokens does not fit '
-        f'max_len={max_len} inputs.'
-      )
-    # Inputs are the sequence but its last token: keep what fits.
-    keep = max_len + 1 - len(continuation)
-    context = context[max(0, len(context) - keep) :]
-    if not context:
-      raise ValueError('score_continuations needs at least one context token.')
-    sequence = context + continuation
-    weights = [0] * (len(context) - 1) + [1] * len(continuation)
-    arrays = {
-      'input_ids': sequence[:-1],
-      'target_ids': sequence[1:],
-      'weights': weights,
-    }
-    if backward:  # the model reverses the row for its backward stack
-      arrays = {k: v[::-1] for k, v in arrays.items()}
-    items.append(Item(arrays))
+  items = [
+    _continuation_item(context, continuation, max_len, backward)
+    for context, continuation in zip(context_ids, continuation_ids, strict=True)
+  ]
   if not items:
     return []
   width = max(len(item.arrays['input_ids']) for item in items)
