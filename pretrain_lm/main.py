@@ -45,6 +45,7 @@ def main(argv):
     raise SystemExit(f'error: {e}') from None
 
   from pretrain_lm import checkpoint, train  # slow imports: errors first
+  from pretrain_lm.training import loop
 
   try:  # checkpoints that cannot be resumed as asked: said, not traced
     trainer = train.Trainer(config, workdir)
@@ -52,10 +53,10 @@ def main(argv):
   except checkpoint.RestoreError as e:
     raise SystemExit(f'error: {e}') from None
   if trainer.nonfinite_stop:  # a failure: launchers must not rerun it
-    sys.exit(train.EXIT_NONFINITE)
+    sys.exit(loop.EXIT_NONFINITE)
   if trainer.preempted:
-    print(f'Exiting with code {train.EXIT_RESUME}: rerun to resume.')
-    sys.exit(train.EXIT_RESUME)
+    print(f'Exiting with code {loop.EXIT_RESUME}: rerun to resume.')
+    sys.exit(loop.EXIT_RESUME)
   if trainer.is_chief:
     print(
       f'\nCheckpoints, metrics.jsonl and TensorBoard logs are in {workdir}.'

@@ -19,8 +19,9 @@ from pretrain_lm import configlib, profiling, sharding
 from pretrain_lm.models import MODELS, ModelConfig
 from pretrain_lm.models import config as model_config_lib
 
-# pretrain_lm.train.OPTIMIZERS' keys (tests/switches_test.py checks they
-# agree); importing train here would slow down every early error.
+# pretrain_lm.training.optimizer.OPTIMIZERS' keys (tests/switches_test.py
+# checks they agree); importing optax here would slow down every early
+# error.
 OPTIMIZER_NAMES = ('adafactor', 'adamw', 'lamb')
 
 

@@ -175,17 +175,18 @@ def tiny_workdir(tmp_path_factory):
 def sgd_steps(trainer):
   """({accum: a jitted SGD(lr=1) step}, a function making a fresh state)
   for a Trainer (pretraining's or fine-tuning's)."""
-  from pretrain_lm import train
+  from pretrain_lm.training import state as state_lib  # noqa: PLC0415
+  from pretrain_lm.training import step as step_lib  # noqa: PLC0415
 
   tx = optax.sgd(1.0)  # params after = params before - gradient
   with trainer.context():
-    shardings = train.shardings_of(
-      train.abstract_train_state(
+    shardings = state_lib.shardings_of(
+      state_lib.abstract_train_state(
         trainer.model, tx, trainer.batch_shapes, trainer.mesh
       )
     )
   steps = {
-    accum: train.jit_train_step(
+    accum: step_lib.jit_train_step(
       trainer.model,
       tx,
       trainer.loss_fn,
@@ -197,7 +198,7 @@ def sgd_steps(trainer):
     for accum in (1, 4)
   }
   with trainer.context():
-    state = train.create_train_state(
+    state = state_lib.create_train_state(
       jax.random.key(0),
       trainer.batch_shapes,
       model=trainer.model,

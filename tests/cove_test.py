@@ -22,11 +22,13 @@ from conftest import (
 from flax import linen as nn
 
 import pretrain_lm
-from pretrain_lm import sharding, train
+from pretrain_lm import sharding
 from pretrain_lm.finetune import model as model_lib
 from pretrain_lm.finetune import optimizer as ft_optimizer
 from pretrain_lm.finetune import trainer
 from pretrain_lm.models import encoder_decoder as encoder_decoder_lib
+from pretrain_lm.training import state as state_lib
+from pretrain_lm.training import step as step_lib
 
 
 def leaves(tree) -> dict:
@@ -108,10 +110,10 @@ def test_the_encoder_gets_no_gradient_and_the_decoder_is_not_held(t5, tmp_path):
   # Plain SGD, no freezing transform: whatever moves had a gradient.
   tx = optax.sgd(1.0)
   with run.context():
-    shardings = train.shardings_of(
-      train.abstract_train_state(run.model, tx, run.batch_shapes, run.mesh)
+    shardings = state_lib.shardings_of(
+      state_lib.abstract_train_state(run.model, tx, run.batch_shapes, run.mesh)
     )
-    sgd = train.create_train_state(
+    sgd = state_lib.create_train_state(
       jax.random.key(0),
       run.batch_shapes,
       model=run.model,
@@ -120,7 +122,7 @@ def test_the_encoder_gets_no_gradient_and_the_decoder_is_not_held(t5, tmp_path):
     )
     sgd = sgd.replace(params=state.params)
     before = leaves(jax.device_get(sgd.params))
-    step = train.jit_train_step(
+    step = step_lib.jit_train_step(
       run.model, tx, run.loss_fn, run.schedule, shardings, run.mesh
     )
     batch = sharding.host_to_global(run.train_batch(0), run.mesh)

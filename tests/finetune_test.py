@@ -1,9 +1,13 @@
 """Fine-tuning: restore, heads, ULMFiT's options, distillation, resume, CLI."""
 
+import glob
 import math
 import os
+import pathlib
+import signal
 import subprocess
 import sys
+import time
 
 import jax
 import jax.numpy as jnp
@@ -23,12 +27,14 @@ from conftest import (
 from flax import linen as nn
 
 import pretrain_lm
+from pretrain_lm import checkpoint as checkpoint_lib
 from pretrain_lm import sharding
 from pretrain_lm.finetune import config as config_lib
 from pretrain_lm.finetune import glue, losses, trainer
 from pretrain_lm.finetune import model as model_lib
 from pretrain_lm.finetune import optimizer as ft_optimizer
 from pretrain_lm.models import MODELS
+from pretrain_lm.training import loop
 
 STEPS = 48  # 32 examples in batches of 8: 12 epochs of 4 steps
 
@@ -228,6 +234,129 @@ def test_resume_is_exact_on_a_2x2x2_mesh(bert, straight, tmp_path):
   resumed = leaves(jax.device_get(second.state.params))
   for k, v in leaves(params).items():
     np.testing.assert_array_equal(resumed[k], v, err_msg=str(k))
+
+
+def run_cli(bert, workdir, overrides, background=False):
+  """`python -m pretrain_lm.finetune` on SST-2, shrunk, on one device."""
+  flags = {
+    'task.seq_len': 32,
+    'task.max_train_examples': 32,
+    'task.max_eval_examples': 16,
+    'train.batch_size': 8,
+    'train.progress_bar': False,
+    'mesh.data': 1,
+    **overrides,
+  }
+  cmd = [
+    sys.executable,
+    '-m',
+    'pretrain_lm.finetune',
+    '--config=configs/finetune/glue.py:task=sst2',
+    f'--init={bert}',
+    f'--workdir={workdir}',
+  ] + [f'--config.{k}={v}' for k, v in flags.items()]
+  env = dict(os.environ, XLA_FLAGS=COMPILE_FLAGS, JAX_PLATFORMS='cpu')
+  if background:
+    return subprocess.Popen(
+      cmd,
+      cwd=REPO,
+      env=env,
+      stdout=subprocess.PIPE,
+      stderr=subprocess.STDOUT,
+      text=True,
+    )
+  return subprocess.run(
+    cmd,
+    cwd=REPO,
+    env=env,
+    stdout=subprocess.PIPE,
+    stderr=subprocess.STDOUT,
+    text=True,
+    timeout=600,
+  )
+
+
+def test_cli_sigterm_saves_exits_75_and_resumes(bert, tmp_path):
+  # As pretraining's main: a signal saves the step, exits "resume me".
+  workdir = str(tmp_path / 'run')
+  cache = str(tmp_path / 'jax_cache')
+  overrides = {
+    'train.max_steps': 100_000,
+    'train.log_every': 1,
+    'train.eval_every': 100_000,
+    'checkpoint.every': 100_000,
+    'checkpoint.keep_best': False,
+    'train.compilation_cache_dir': cache,
+  }
+  proc = run_cli(bert, workdir, overrides, background=True)
+  metrics = os.path.join(workdir, 'metrics.jsonl')
+  deadline = time.time() + 300
+  while time.time() < deadline and not (
+    os.path.exists(metrics) and os.path.getsize(metrics) > 0
+  ):
+    time.sleep(0.1)
+  proc.send_signal(signal.SIGTERM)
+  out, _ = proc.communicate(timeout=300)
+  assert proc.returncode == loop.EXIT_RESUME == 75, out
+  assert 'saving a checkpoint' in out and 'Exiting with code 75' in out
+  steps = os.listdir(os.path.join(workdir, 'checkpoints'))
+  assert len(steps) == 1 and int(steps[0]) > 0, steps
+  saved = int(steps[0])
+  assert f'Stopping at step {saved}' in out, out
+
+  # The same command resumes; train.exit_interval stops it with 0.
+  rerun = run_cli(
+    bert, workdir, {**overrides, 'train.exit_interval': saved + 1}
+  )
+  assert rerun.returncode == 0, rerun.stdout
+  assert f'Resumed from {workdir}/checkpoints at step {saved}' in rerun.stdout
+  assert f'Stopping at step {saved + 1}' in rerun.stdout, rerun.stdout
+
+
+def test_cli_stops_on_nonfinite_steps_with_65(bert, tmp_path):
+  # A learning rate of 1e30: finite loss and gradients, an update whose
+  # norm overflows, so every step is skipped (pretraining's nonfinite_test).
+  out = run_cli(
+    bert,
+    str(tmp_path / 'run'),
+    {
+      'train.max_steps': 20,
+      'optimizer.learning_rate': 1e30,
+      'optimizer.warmup_fraction': 0.0,
+      'train.max_consecutive_skips': 2,
+    },
+  )
+  assert out.returncode == loop.EXIT_NONFINITE != loop.EXIT_RESUME, out.stdout
+  assert 'Stopping at step 2: the last 2 steps had' in out.stdout, out.stdout
+  assert 'rerun to resume' not in out.stdout
+  assert 'Traceback' not in out.stdout, out.stdout
+
+
+def test_corrupt_latest_checkpoint_fails_or_falls_back(bert, tmp_path):
+  # As pretraining resumes: a latest checkpoint that does not verify stops
+  # the run, or with checkpoint.on_corrupt=previous is moved aside.
+  workdir = str(tmp_path)
+  run = dict(
+    train__max_steps=4,
+    checkpoint__every=2,
+    checkpoint__keep=2,
+    checkpoint__keep_best=False,
+  )
+  trainer.Trainer(ft_config(bert, **run), workdir, one_device()).run()
+  directory = os.path.join(workdir, 'checkpoints')
+  assert sorted(os.listdir(directory)) == ['2', '4']
+  pattern = os.path.join(directory, '4', 'state', '**', 'd', '*')
+  path = max(glob.glob(pattern, recursive=True), key=os.path.getsize)
+  data = bytearray(pathlib.Path(path).read_bytes())
+  data[len(data) // 2] ^= 0x10
+  pathlib.Path(path).write_bytes(data)
+  again = trainer.Trainer(ft_config(bert, **run), workdir, one_device())
+  with pytest.raises(checkpoint_lib.CorruptCheckpointError, match='step 4'):
+    again.initial_state()
+  previous = dict(run, checkpoint__on_corrupt='previous')
+  again = trainer.Trainer(ft_config(bert, **previous), workdir, one_device())
+  assert int(again.initial_state().step) == 2
+  assert 'corrupt-4' in os.listdir(directory)
 
 
 def test_elmo_recipe_keeps_the_body_frozen(bert, tmp_path):

@@ -21,6 +21,7 @@ from conftest import COMPILE_FLAGS, REPO, load_config, read_metrics
 import pretrain_lm
 from pretrain_lm import distributed, objectives, sharding, train
 from pretrain_lm.data import pipeline
+from pretrain_lm.training import loop
 
 BERT = os.path.join(REPO, 'configs', 'bert.py')
 STEPS = 12
@@ -286,7 +287,7 @@ def test_two_processes_preempted_resumed_match_one(
   procs[1].send_signal(signal.SIGTERM)
   results = finish(procs)
   for code, out in results:
-    assert code == train.EXIT_RESUME, out
+    assert code == loop.EXIT_RESUME, out
   assert 'Exiting with code 75' in results[0][1]
   steps = os.listdir(os.path.join(workdir, 'checkpoints'))
   assert len(steps) == 1 and 0 < int(steps[0]) < STEPS, steps
@@ -402,7 +403,7 @@ def test_workdir_files_use_gfile_not_local_paths():
   assert workdir_lib.absolute(workdir) == workdir
   assert workdir_lib.absolute('gs://bucket/run') == 'gs://bucket/run'
   c = load_config('bert', 'size=tiny')
-  train.write_run_files(c, workdir)
+  loop.write_run_files(c, workdir)
   meta = workdir_lib.read_json(f'{workdir}/run_metadata.json')
   assert len(meta['starts']) == 1
   assert workdir_lib.read_json(f'{workdir}/config.json') == json.loads(

@@ -25,6 +25,8 @@ import pretrain_lm
 from pretrain_lm import checkpoint as checkpoint_lib
 from pretrain_lm import objectives, sharding, train
 from pretrain_lm.data import pipeline
+from pretrain_lm.training import loop
+from pretrain_lm.training import state as state_lib
 
 VOCAB = 512
 LIMIT = 3  # train.max_consecutive_skips of the run test
@@ -87,7 +89,7 @@ def test_nonfinite_step_is_skipped_and_leaves_no_trace(trainer, accum):
   to_global = functools.partial(sharding.host_to_global, mesh=trainer.mesh)
   copy = lambda state: jax.tree.map(lambda x: x.copy(), state)  # donation
   with trainer.context():
-    state = train.create_train_state(
+    state = state_lib.create_train_state(
       jax.random.key(0),
       trainer.batch_shapes,
       model=trainer.model,
@@ -218,7 +220,7 @@ def test_main_exits_with_its_own_code_not_resume(tmp_path, tokenizer_path):
     timeout=600,
   )
   out = result.stdout + result.stderr
-  assert result.returncode == train.EXIT_NONFINITE != train.EXIT_RESUME, out
+  assert result.returncode == loop.EXIT_NONFINITE != loop.EXIT_RESUME, out
   assert 'Stopping at step 2: the last 2 steps had' in out, out
   assert 'rerun to resume' not in out and 'Traceback' not in out, out
   # The checkpoint holds finite weights: the initial ones.

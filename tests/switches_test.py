@@ -17,6 +17,8 @@ from pretrain_lm import objectives, sharding, train, validate
 from pretrain_lm.convert import hf
 from pretrain_lm.data import pipeline
 from pretrain_lm.data import tokenizer as tokenizer_lib
+from pretrain_lm.training import optimizer as optimizer_lib
+from pretrain_lm.training import step as step_lib
 
 VOCAB = 512
 
@@ -100,7 +102,7 @@ def test_grad_accum_is_checked_against_batch_and_mesh(tokenizer_path):
   c.train.grad_accum_steps = 8
   mesh = sharding.make_mesh(c.mesh)
   with pytest.raises(ValueError, match='2 rows per microbatch'):
-    train.check_grad_accum(c, mesh)
+    step_lib.check_grad_accum(c, mesh)
 
 
 def test_the_trainer_takes_grad_accum_steps(
@@ -113,13 +115,13 @@ def test_the_trainer_takes_grad_accum_steps(
   assert trainer.microbatches == 4  # of 8 rows
   # The count the traced step itself scans over.
   counts = []
-  accumulate = train.accumulate_gradients
+  accumulate = step_lib.accumulate_gradients
 
   def spy(grad_fn, params, batch, rng, n):
     counts.append(n)
     return accumulate(grad_fn, params, batch, rng, n)
 
-  monkeypatch.setattr(train, 'accumulate_gradients', spy)
+  monkeypatch.setattr(step_lib, 'accumulate_gradients', spy)
   state = trainer.initial_state()
   with trainer.context():
     batch = sharding.host_to_global(
@@ -185,7 +187,7 @@ def test_bf16_activations_float32_master_weights(tokenizer_path, tmp_path):
 
 
 def test_optimizer_names_agree_with_validate():
-  assert tuple(sorted(train.OPTIMIZERS)) == validate.OPTIMIZER_NAMES
+  assert tuple(sorted(optimizer_lib.OPTIMIZERS)) == validate.OPTIMIZER_NAMES
 
 
 def reference_tx(name, opt, schedule):
@@ -226,7 +228,7 @@ def test_optimizer_is_optax_with_the_papers_settings(name, momentum):
   c.optimizer.adafactor_momentum = momentum
   c.optimizer.weight_decay = 0.01
   c.optimizer.warmup_steps = 2
-  tx, schedule = train.make_optimizer(c.optimizer, 100)
+  tx, schedule = optimizer_lib.make_optimizer(c.optimizer, 100)
   want_tx = reference_tx(name, c.optimizer, schedule)
   rng = np.random.default_rng(0)
   params = {

@@ -25,6 +25,8 @@ from pretrain_lm.data import sources
 from pretrain_lm.data import tokenizer as tokenizer_lib
 from pretrain_lm.models import MODELS, ModelConfig
 from pretrain_lm.models.config import size_preset
+from pretrain_lm.training import loop
+from pretrain_lm.training import state as state_lib
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BERT = os.path.join(REPO, 'configs', 'bert.py')
@@ -247,7 +249,9 @@ def test_restore_targets_replicate_what_the_mesh_cannot_split():
   }
   mesh = sharding.make_mesh({'data': 2, 'fsdp': 2, 'tensor': 2})
   with jax.set_mesh(mesh), nn.logical_axis_rules(sharding.LOGICAL_AXIS_RULES):
-    state = train.abstract_train_state(model, optax.adamw(1e-3), batch, mesh)
+    state = state_lib.abstract_train_state(
+      model, optax.adamw(1e-3), batch, mesh
+    )
     params = sharding.abstract_params(model, batch, mesh)
   assert params == state.params
   table = params['token_embed']['embedding']
@@ -428,7 +432,7 @@ def test_sigterm_saves_and_resumes(tmp_path, tokenizer_path):
   proc.send_signal(signal.SIGTERM)
   out, _ = proc.communicate(timeout=300)
   # "Resume me" for launchers; a finished run or exit_interval exits 0.
-  assert proc.returncode == train.EXIT_RESUME == 75, out
+  assert proc.returncode == loop.EXIT_RESUME == 75, out
   assert 'saving a checkpoint' in out and 'Exiting with code 75' in out
   steps = os.listdir(os.path.join(workdir, 'checkpoints'))
   assert len(steps) == 1 and int(steps[0]) > 0, steps

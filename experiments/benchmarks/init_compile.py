@@ -4,7 +4,7 @@ r"""Compile time of a config's state initialisation, and its fusion count.
       --config=configs/t5.py:size=base --config.model.dtype=bfloat16 \
       [--config.model.scan_layers=True]
 
-Times `jax.jit(train.init_fn)` lowered and compiled for this machine's
+Times `jax.jit(training.state.init_fn)` lowered and compiled for this machine's
 backend on the config's batch shapes (batch 8), the program
 Trainer.initial_state runs on a fresh start, and counts the fusions XLA
 made of it: every parameter's random initialiser is inlined, so unscanned
@@ -24,6 +24,7 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from pretrain_lm import train
+from pretrain_lm.training import state as state_lib
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'Run config.')
 flags.mark_flags_as_required(['config'])
@@ -37,7 +38,9 @@ def main(argv):
   workdir = tempfile.mkdtemp(prefix='init_compile_')
   try:
     trainer = train.Trainer(config, workdir)
-    init = functools.partial(train.init_fn, model=trainer.model, tx=trainer.tx)
+    init = functools.partial(
+      state_lib.init_fn, model=trainer.model, tx=trainer.tx
+    )
     with trainer.context():
       lowered = jax.jit(init).lower(jax.random.key(0), trainer.batch_shapes)
       start = time.perf_counter()

@@ -36,10 +36,10 @@ import optax
 from absl import app, flags
 from ml_collections import config_flags
 
-from pretrain_lm import train
 from pretrain_lm.bench import machine, step, timing
 from pretrain_lm.models import MODELS
 from pretrain_lm.models.config import ModelConfig
+from pretrain_lm.training import optimizer as optimizer_lib
 
 _CONFIG = config_flags.DEFINE_config_file(
   'config', None, 'A BERT config, e.g. configs/bert.py:size=small.'
@@ -166,7 +166,7 @@ def _compile(
   model = transformers.FlaxBertForMaskedLM(
     hf_config(config, transformers), seed=config.train.seed
   )
-  tx, _ = train.make_optimizer(config.optimizer, config.train.num_steps)
+  tx, _ = optimizer_lib.make_optimizer(config.optimizer, config.train.num_steps)
   labels, weights = labels_from(host_batch)
   batch = {
     'input_ids': host_batch['input_ids'],

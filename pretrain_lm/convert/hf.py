@@ -418,20 +418,23 @@ def _initial_state(config, cfg: ModelConfig, spec: dict, params: dict):
   """The TrainState train.Trainer would start from, with `params` in it.
 
   Params the HF file lacks get the model's own initialisation, drawn as
-  train.init_fn draws them; the optimizer state is fresh. Only those
+  training.state.init_fn draws them; the optimizer state is fresh. Only those
   params are computed (the rest of model.init is dead code to XLA), since
   compiling the whole initialisation is slow on CPU.
   """
-  from pretrain_lm import train  # the training stack, imported lazily
+  # The training stack, imported lazily.
+  from pretrain_lm.training import optimizer as optimizer_lib
+  from pretrain_lm.training import state as state_lib
 
   model = MODELS[cfg.family](cfg)
-  tx, _ = train.make_optimizer(config.optimizer, config.train.num_steps)
+  tx, _ = optimizer_lib.make_optimizer(config.optimizer, config.train.num_steps)
   batch = {
     k: jnp.zeros((1, *shape), dtype) for k, (shape, dtype) in spec.items()
   }
   rng = jax.random.key(config.train.seed)
   abstract = jax.eval_shape(
-    lambda r: nn.meta.unbox(train.init_fn(r, batch, model=model, tx=tx)), rng
+    lambda r: nn.meta.unbox(state_lib.init_fn(r, batch, model=model, tx=tx)),
+    rng,
   )
   template = _flatten(abstract.params)
   extra = sorted(set(params) - set(template))
@@ -440,7 +443,7 @@ def _initial_state(config, cfg: ModelConfig, spec: dict, params: dict):
   missing = sorted(set(template) - set(params))
 
   def init_missing(rng):
-    params_rng, dropout_rng = jax.random.split(rng)  # as train.init_fn
+    params_rng, dropout_rng = jax.random.split(rng)  # as training.state.init_fn
     variables = model.init(
       {'params': params_rng, 'dropout': dropout_rng}, batch, deterministic=True
     )
@@ -457,14 +460,16 @@ def _initial_state(config, cfg: ModelConfig, spec: dict, params: dict):
       )
     flat[path] = jnp.asarray(array, want.dtype)
   params = _unflatten(flat)
-  state = train.TrainState(
+  state = state_lib.TrainState(
     step=jnp.zeros((), jnp.int32),
     params=params,
     opt_state=tx.init(params),
     rng=jax.random.key_data(jax.random.fold_in(rng, 1)),
   )
   if jax.tree.structure(state) != jax.tree.structure(abstract):
-    raise AssertionError("The imported state differs from train.init_fn's.")
+    raise AssertionError(
+      "The imported state differs from training.state.init_fn's."
+    )
   return state, missing
 
 

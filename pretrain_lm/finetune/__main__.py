@@ -3,10 +3,14 @@ r"""Fine-tunes a pretraining workdir on a downstream task.
   python -m pretrain_lm.finetune --config=configs/finetune/glue.py:task=sst2 \
       --init=workdirs/quickstart --workdir=workdirs/quickstart_sst2
 
-Rerunning the same command resumes from the latest checkpoint in --workdir.
+Rerunning the same command resumes from the latest checkpoint in --workdir;
+exit code 75 (signal; checkpoint saved) asks for that, 65 (diverged: too many
+non-finite steps in a row) does not, as in pretraining (pretrain_lm.main).
 --config.<section>.<field>=value overrides any config field. From Python,
 see pretrain_lm.finetune (its docstring runs the same Trainer).
 """
+
+import sys
 
 from absl import app, flags, logging
 from ml_collections import config_flags
@@ -47,13 +51,23 @@ def main(argv):
   # a missing data file fails as the run reads its data, before compiling.
   try:
     config_lib.check_config(config, workdir)
-    from pretrain_lm.finetune import trainer  # JAX import is slow
+    from pretrain_lm import checkpoint  # JAX import is slow
+    from pretrain_lm.finetune import trainer
+    from pretrain_lm.training import loop
 
     run = trainer.Trainer(config, workdir)
   except (ValueError, FileNotFoundError) as e:
     raise SystemExit(f'error: {e}') from None
 
-  results = run.run()
+  try:  # checkpoints that cannot be resumed as asked: said, not traced
+    results = run.run()
+  except checkpoint.RestoreError as e:
+    raise SystemExit(f'error: {e}') from None
+  if run.nonfinite_stop:  # a failure: launchers must not rerun it
+    sys.exit(loop.EXIT_NONFINITE)
+  if run.preempted:
+    print(f'Exiting with code {loop.EXIT_RESUME}: rerun to resume.')
+    sys.exit(loop.EXIT_RESUME)
   best, final = results['best'], results['final']
   name = 'eval_' + results['metric']
   if final:

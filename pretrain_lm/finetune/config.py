@@ -11,7 +11,7 @@ import os
 import ml_collections
 import tensorflow as tf
 
-from pretrain_lm import validate
+from pretrain_lm import configlib, validate
 from pretrain_lm.data import sources
 from pretrain_lm.finetune import TASKS
 
@@ -153,6 +153,12 @@ def base_config() -> ml_collections.ConfigDict:
   # Save and exit cleanly at every multiple of this step (0: never);
   # rerunning the same command continues the run.
   c.train.exit_interval = 0
+  # As in pretraining (configlib): a step with a non-finite loss or
+  # gradient is skipped; this many in a row stop the run with exit code
+  # 65 (0: skip forever).
+  c.train.max_consecutive_skips = 10
+  # Peak FLOP/s of one device for MFU; 0 looks the device kind up.
+  c.train.peak_flops_per_device = 0.0
   c.train.progress_bar = True  # on a terminal only, as in pretraining
   # jax's persistent compilation cache, as in pretraining ('' : off).
   c.train.compilation_cache_dir = ''
@@ -176,6 +182,9 @@ def base_config() -> ml_collections.ConfigDict:
   # Also keep the checkpoint with the best dev metric in workdir/best.
   c.checkpoint.keep_best = True
   c.checkpoint.async_save = True
+  # The latest checkpoint does not restore: 'fail' stops the run,
+  # 'previous' sets it aside and resumes from the one before (configlib).
+  c.checkpoint.on_corrupt = 'fail'
 
   return c
 
@@ -318,7 +327,15 @@ def check_config(config: ml_collections.ConfigDict, workdir: str = '') -> None:
     _require(train[name] >= 0, f'train.{name} must be >= 0.')
   _require(train.log_every > 0, 'train.log_every must be > 0.')
   validate.check_monitoring(train)
+  _require(
+    train.max_consecutive_skips >= 0,
+    f'train.max_consecutive_skips={train.max_consecutive_skips} must be >= 0 '
+    '(0: never stop).',
+  )
   _require(config.checkpoint.every >= 0, 'checkpoint.every must be >= 0.')
+  _choice(
+    config.checkpoint.on_corrupt, 'checkpoint.on_corrupt', configlib.ON_CORRUPT
+  )
 
 
 def cvt_views(config: ml_collections.ConfigDict) -> tuple[str, ...]:

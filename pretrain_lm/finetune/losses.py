@@ -119,7 +119,7 @@ def loss_fn(
     else:
       raise ValueError(f'Unknown head {head!r}.')
     # What the means below average over (rows, or the token head's
-    # labelled tokens): train.accumulate_gradients weights each
+    # labelled tokens): training.step.accumulate_gradients weights each
     # microbatch by it, so a split batch's loss is the whole batch's.
     metrics['num_predictions'] = jnp.sum(weight)
     mean = lambda x: jnp.sum(x * weight) / jnp.maximum(jnp.sum(weight), 1.0)

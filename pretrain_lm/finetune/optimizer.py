@@ -17,9 +17,9 @@ import ml_collections
 import numpy as np
 import optax
 
-from pretrain_lm import train
 from pretrain_lm.finetune import model as model_lib
 from pretrain_lm.models import ModelConfig
+from pretrain_lm.training import optimizer as optimizer_lib
 
 
 def slanted_triangular(
@@ -227,7 +227,7 @@ def make_optimizer(
   skip_unreached_params: see skip_unreached (cross-view training).
   """
   schedule = learning_rate_schedule(opt, num_steps)
-  chain = train.adamw_chain(opt, schedule)
+  chain = optimizer_lib.adamw_chain(opt, schedule)
   # Scaling AdamW's final update scales its learning rate, decay included.
   if opt.layer_lr_decay != 1.0:
     chain.append(discriminative_lr(cfg, opt.layer_lr_decay))

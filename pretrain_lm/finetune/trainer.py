@@ -2,21 +2,20 @@
 
 `finetune(config, workdir)` trains `configs/finetune/*.py`'s config on a
 task of pretrain_lm.finetune.TASKS, starting from the pretraining workdir
-`config.init.workdir`, and returns the dev results. It reuses pretraining's
-machinery: the mesh and rule table, the TrainState and its jitted step,
-Orbax checkpoints (resumable: rerun the same call), metrics.jsonl and
-TensorBoard. The fine-tuning workdir holds everything a later load needs:
+`config.init.workdir`, and returns the dev results. It trains on
+pretraining's loop (pretrain_lm.training): the mesh and rule table, the
+TrainState and its jitted step, Orbax checkpoints (resumable: rerun the same
+call), metrics.jsonl and TensorBoard, the same stops and exit codes. The
+fine-tuning workdir holds everything a later load needs:
 config.json, init_config.json (the body's pretraining config), the tokenizer
 and results.json (the best and the final dev metrics); a generative task
 (text2text) also writes each evaluation's decoded texts there.
 """
 
-import contextlib
 import dataclasses
 import functools
 import json
 import os
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -25,11 +24,10 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import tensorflow as tf
-from flax import linen as nn
 from jax.experimental import multihost_utils
 
 from pretrain_lm import checkpoint as checkpoint_lib
-from pretrain_lm import goodput, sharding, train
+from pretrain_lm import goodput, sharding
 from pretrain_lm import metrics as metrics_lib
 from pretrain_lm import pretrained as pretrained_lib
 from pretrain_lm import workdir as workdir_lib
@@ -40,6 +38,9 @@ from pretrain_lm.finetune import config as config_lib
 from pretrain_lm.finetune import model as model_lib
 from pretrain_lm.finetune import rows as rows_lib
 from pretrain_lm.models import MODELS, ModelConfig
+from pretrain_lm.training import loop
+from pretrain_lm.training import state as state_lib
+from pretrain_lm.training import step as step_lib
 
 INIT_CONFIG_FILE = 'init_config.json'
 RESULTS_FILE = 'results.json'
@@ -127,7 +128,7 @@ class Finetuned:
     keys = tuple(k for k in rows_lib.INPUT_KEYS if k in features)
     shards = self.mesh.shape['data'] * self.mesh.shape['fsdp']
     batch_size = -(-batch_size // shards) * shards
-    with _context(self.mesh):
+    with state_lib.context(self.mesh):
       fn = jax.jit(
         functools.partial(predict_step, model=self.model),
         out_shardings=sharding.replicated(self.mesh),
@@ -228,28 +229,22 @@ def load(
   example = {
     k: jax.ShapeDtypeStruct((1, L), jnp.int32) for k in rows_lib.INPUT_KEYS
   }
-  with _context(mesh):
+  with state_lib.context(mesh):
     abstract = sharding.abstract_params(model, example, mesh)
   params = checkpointer.restore_params(step, abstract)
   checkpointer.close()
   return Finetuned(config, model_config, model, params, tokenizer, step, mesh)
 
 
-@contextlib.contextmanager
-def _context(mesh: jax.sharding.Mesh):
-  """Mesh + logical rules, needed while tracing the model's constraints."""
-  with (
-    jax.set_mesh(mesh),
-    nn.logical_axis_rules(sharding.LOGICAL_AXIS_RULES),
-  ):
-    yield
-
-
 # --- The run.
 
 
 class Trainer:
-  """Builds everything a fine-tuning run needs; `run()` is the loop."""
+  """Builds everything a fine-tuning run needs; `run()` trains it.
+
+  A training.loop.Job, as pretraining's Trainer: the task's data, heads,
+  evaluation, results.json and best checkpoint are its own.
+  """
 
   def __init__(
     self,
@@ -260,7 +255,7 @@ class Trainer:
     self.goodput = goodput.Accountant()  # wall time by cause, as pretraining
     self.config = c = config
     self.workdir = workdir = workdir_lib.absolute(workdir)
-    train.use_compilation_cache(c.train.compilation_cache_dir)
+    loop.use_compilation_cache(c.train.compilation_cache_dir)
     self.is_chief = jax.process_index() == 0
     if c.init.workdir and workdir == workdir_lib.absolute(c.init.workdir):
       raise ValueError(
@@ -341,6 +336,12 @@ class Trainer:
     self.num_steps = c.train.max_steps or (
       c.train.num_epochs * self.steps_per_epoch
     )
+    # Evaluations and checkpoints: every so many steps, 0: each epoch's end.
+    self.eval_every = c.train.eval_every or self.steps_per_epoch
+    self.save_every = c.checkpoint.every or self.steps_per_epoch
+    self.save_evaluated = False  # the best checkpoint has its own directory
+    self.preempted = False  # run() stopped by a signal (not finished)
+    self.nonfinite_stop = False  # run() stopped by non-finite steps
     unfreeze_every = 0
     if c.optimizer.gradual_unfreezing:
       unfreeze_every = max(
@@ -348,7 +349,7 @@ class Trainer:
       )
 
     if self.is_chief:
-      train.write_run_files(config, workdir)
+      loop.write_run_files(config, workdir)
       if not resuming:
         self._copy_init_files()
     self.model = build_model(c, self.model_config, self.tokenizer)
@@ -401,10 +402,10 @@ class Trainer:
       )
       self._check_generation_lengths()
     with self.context():
-      self._abstract = train.abstract_train_state(
+      self._abstract = state_lib.abstract_train_state(
         self.model, self.tx, self.batch_shapes, self.mesh
       )
-    self.shardings = train.shardings_of(self._abstract)
+    self.shardings = state_lib.shardings_of(self._abstract)
     batch_sharding = sharding.batch_sharding(self.mesh)
     self.checkpointer = checkpoint_lib.Checkpointer(
       os.path.join(workdir, checkpoint_lib.CHECKPOINT_DIR),
@@ -418,7 +419,10 @@ class Trainer:
         keep=1,
         async_save=c.checkpoint.async_save,
       )
-    self.microbatches = train.check_grad_accum(
+    self.checkpointers = tuple(
+      x for x in (self.checkpointer, self.best_checkpointer) if x
+    )
+    self.microbatches = step_lib.check_grad_accum(
       c, self.mesh, batch_field='train.batch_size'
     )
     self._p_train_step = self.jit_step(self.microbatches)
@@ -428,14 +432,26 @@ class Trainer:
       out_shardings=sharding.replicated(self.mesh),
     )
 
-  # The jitted step and jit_step(grad_accum_steps), as pretraining's
-  # Trainer has them: the same train.jit_train_step from the same fields
-  # (model, tx, loss_fn, schedule, shardings, mesh).
-  train_step = train.Trainer.train_step
-  jit_step = train.Trainer.jit_step
+  @property
+  def train_step(self):
+    """The jitted, donated step: (state, global batch) -> (state, metrics)."""
+    return self._p_train_step
+
+  def jit_step(self, grad_accum_steps: int):
+    """This run's train step, jitted, with another batch split (tests;
+    train_step is the config's)."""
+    return step_lib.jit_train_step(
+      self.model,
+      self.tx,
+      self.loss_fn,
+      self.schedule,
+      self.shardings,
+      self.mesh,
+      grad_accum_steps=grad_accum_steps,
+    )
 
   def context(self):
-    return _context(self.mesh)
+    return state_lib.context(self.mesh)
 
   def _copy_init_files(self) -> None:
     """The body's pretraining config and tokenizer, so the workdir loads
@@ -494,7 +510,7 @@ class Trainer:
     for k in losses.OUTPUT_KEYS[self.head]:
       student[losses.TEACHER_PREFIX + k] = outputs[k][index]
 
-  def checkpoint_meta(self, state: train.TrainState) -> dict[str, Any]:
+  def checkpoint_meta(self, state: state_lib.TrainState) -> dict[str, Any]:
     step = int(state.step)
     return {
       'step': step,
@@ -505,7 +521,7 @@ class Trainer:
       'head': self.head,
     }
 
-  def initial_state(self) -> train.TrainState:
+  def initial_state(self) -> state_lib.TrainState:
     """Init order: (1) the latest checkpoint in the workdir (an exact
     resume), (2) the body's params from the init workdir's checkpoint with
     a fresh head, (3) all fresh (init.random_init)."""
@@ -513,16 +529,25 @@ class Trainer:
     with self.context():
       rng = jax.random.key(c.train.seed)
       create = functools.partial(
-        train.create_train_state,
+        state_lib.create_train_state,
         model=self.model,
         tx=self.tx,
         shardings=self.shardings,
       )
-      latest = self.checkpointer.latest_step()
-      if latest is not None:  # (1)
-        with self.goodput.timing('restore'):
-          state, meta = self.checkpointer.restore(latest, self._abstract)
-        train.check_tokenizer_matches(meta, self.tokenizer, self.checkpointer)
+      # (1) The newest checkpoint that verifies, as pretraining resumes:
+      # one that does not restore stops the run, or with
+      # checkpoint.on_corrupt=previous is set aside for the one before.
+      with self.goodput.timing('restore'):
+        restored = self.checkpointer.restore_latest(
+          self._abstract, on_corrupt=c.checkpoint.on_corrupt
+        )
+      if restored is not None:  # (1)
+        _, state, meta = restored
+        checkpoint_lib.check_tokenizer(
+          meta.get('tokenizer'),
+          self.tokenizer,
+          f'The checkpoint in {self.checkpointer.directory}',
+        )
         return state
       state = create(rng, self.batch_shapes)
       if not c.init.random_init:  # (2)
@@ -599,11 +624,13 @@ class Trainer:
         record = dict(split.examples[i], prediction=text)
         f.write(json.dumps(record, ensure_ascii=False) + '\n')
 
-  def evaluate(self, params, step: int | None = None) -> dict[str, float]:
+  def evaluate(
+    self, state: state_lib.TrainState, step: int | None = None
+  ) -> dict[str, float]:
     """The task's metrics on each held-out split: eval_<metric> (dev),
     eval_<split>_<metric> (others). A generative task's texts at `step`
     are written to the workdir (see _write_predictions)."""
-    out = {}
+    params, out = state.params, {}
     for name, split in self.eval_splits.items():
       with self.context():
         predictions = run_predictions(
@@ -659,29 +686,10 @@ class Trainer:
     rows = _host_rows(self._orders[stream][1][index * B : (index + 1) * B])
     return {k: split.features[k][rows] for k in keys}
 
-  def _is_due(self, every: int, step: int) -> bool:
-    """Every `every` steps, or at each epoch's end when it is 0."""
-    if every:
-      return step % every == 0
-    return step % self.steps_per_epoch == 0
-
-  def run(self) -> dict[str, Any]:
-    """The fine-tuning loop; returns results.json's content."""
-    c = self.config
-    state = self.initial_state()
-    start = int(state.step)
-    results = _Results(self.workdir, self.metric, self.is_chief)
-    writer = metrics_lib.MetricWriter(
-      self.workdir,
-      total_steps=self.num_steps,
-      initial_step=start,
-      enabled=self.is_chief,
-      progress_bar=c.train.progress_bar,
-      wandb_project=c.train.wandb_project,
-      wandb_entity=c.train.wandb_entity,
-      config=c.to_dict(),
-    )
-    unlabeled = ''
+  def on_start(self, writer: metrics_lib.MetricWriter, step: int) -> None:
+    """Says what the run trains."""
+    del step
+    c, unlabeled = self.config, ''
     if self.cvt:
       unlabeled = (
         f' and {self.unlabeled.num_rows} unlabelled (cross-view training, '
@@ -692,95 +700,66 @@ class Trainer:
       f'rows{unlabeled}, {self.steps_per_epoch} steps per epoch, '
       f'{self.num_steps} steps.'
     )
-    if start:
-      writer.print(f'Resumed from {self.checkpointer.directory} at {start}.')
-    stop = train.StopSignal()
-    acct = self.goodput
-    if start and self.is_chief:
-      acct.resumed(self.workdir, start)
-    monitor = goodput.Monitor(
-      acct, c.train, os.path.join(self.workdir, 'tensorboard'), writer.print
+
+  def data(self, step: int, writer: metrics_lib.MetricWriter):
+    """The batches from `step` to the end (train_batch's)."""
+    del writer
+    batches = (self.train_batch(t) for t in range(step, self.num_steps))
+    return batches, self.num_steps, self.batch_shapes
+
+  def step_cost(self, shapes: dict) -> loop.StepCost:
+    """A labelled step's rows, tokens and the body's FLOPs.
+
+    The FLOPs are the body's as its pretraining counts them (a head's own,
+    a few matrix products, left out); a siamese head runs the body on both
+    sentences.
+    """
+    shapes = {k: v.shape for k, v in shapes.items()}
+    tokens = sum(
+      int(np.prod(s)) for k, s in shapes.items() if k.endswith('input_ids')
     )
-    acct.end_startup()
+    family = model_lib.backbone_family(self.model_config.family)
+    rows = {'input_ids': shapes['input_ids']}
+    if family == 'encoder_decoder':
+      B = shapes['input_ids'][0]
+      rows = {
+        'encoder_input_ids': shapes['input_ids'],
+        'decoder_input_ids': shapes.get('decoder_input_ids', (B, 1)),
+      }
+    flops = MODELS[family].train_flops(self.model_config, rows)
+    if 'b_input_ids' in shapes:
+      flops *= 2
+    return loop.StepCost(tokens=tokens, flops=flops, examples=self.batch_size)
 
-    step, pending, window = start, None, []
-    last_time, last_step = time.perf_counter(), start
-    while step < self.num_steps:
-      with monitor.input():
-        batch = sharding.host_to_global(self.train_batch(step), self.mesh)
-      monitor.before_step(step + 1, train.shapes_key(batch))
-      with self.context():
-        state, step_metrics = self._p_train_step(state, batch)
-      monitor.dispatched(step_metrics)
-      step += 1
-      # Read step t-1's metrics only after step t is dispatched.
-      if pending is not None:
-        window.append(jax.device_get(pending))
-      pending = step_metrics
-      monitor.end_step(step, (state, step_metrics))
-      writer.advance()
+  def log_metrics(self, step: int, logged: dict) -> dict:
+    del step, logged
+    return {}
 
-      last = step == self.num_steps
-      if step % c.train.log_every == 0 or last:
-        window.append(jax.device_get(pending))
-        pending = None
-        now = time.perf_counter()
-        # Each metric over the steps that report it (cross-view training's
-        # unlabelled steps report their own).
-        keys = dict.fromkeys(k for m in window for k in m)
-        logged = {
-          k: float(np.mean([m[k] for m in window if k in m])) for k in keys
-        }
-        logged['examples_per_s'] = (
-          (step - last_step) * self.batch_size / (now - last_time)
-        )
-        writer.write(
-          step, {**logged, **monitor.input_share(), **monitor.record()}
-        )
-        window, last_time, last_step = [], now, step
-      if self._is_due(c.train.eval_every, step) or last:
-        with acct.timing('eval'):
-          scores = self.evaluate(state.params, step)
-        writer.write(step, scores, console=False)
-        improved = results.add(step, scores, last)
-        best = results.content['best']
-        # The console shows the headline metrics; metrics.jsonl has all.
-        key = 'eval_' + self.metric
-        shown = [key] + [k for k in scores if k != key][:3]
-        writer.print(
-          f'step {step}: '
-          + ' '.join(f'{k}={scores[k]:.4f}' for k in shown)
-          + f' (best {key}={best[key]:.4f} at step {best["step"]})'
-        )
-        if improved and self.best_checkpointer:
-          with acct.timing('checkpoint'):
-            self.best_checkpointer.save(
-              step, state, self.checkpoint_meta(state)
-            )
-      exiting = stop.requested() or (
-        c.train.exit_interval and step % c.train.exit_interval == 0
-      )
-      if self._is_due(c.checkpoint.every, step) or last or exiting:
-        with acct.timing('checkpoint'):
-          self.checkpointer.save(step, state, self.checkpoint_meta(state))
-      if exiting and not last:
-        writer.print(
-          f'Stopping at step {step} (checkpoint saved); run the same '
-          'command again to continue.'
-        )
-        break
+  def on_eval(self, writer, step, state, scores, last) -> None:
+    """Records the evaluation in results.json and keeps the best state."""
+    writer.write(step, scores, console=False)
+    improved = self._results.add(step, scores, last)
+    best = self._results.content['best']
+    # The console shows the headline metrics; metrics.jsonl has all.
+    key = 'eval_' + self.metric
+    shown = [key] + [k for k in scores if k != key][:3]
+    writer.print(
+      f'step {step}: '
+      + ' '.join(f'{k}={scores[k]:.4f}' for k in shown)
+      + f' (best {key}={best[key]:.4f} at step {best["step"]})'
+    )
+    if improved and self.best_checkpointer:
+      with self.goodput.timing('checkpoint'):
+        self.best_checkpointer.save(step, state, self.checkpoint_meta(state))
 
-    monitor.close()
-    for checkpointer in (self.checkpointer, self.best_checkpointer):
-      if checkpointer:
-        with acct.timing('checkpoint'):
-          checkpointer.wait()
-        checkpointer.close()
-    stop.restore()
-    writer.write(step, monitor.record(), console=False)
-    writer.close()
-    self.state = state
-    return results.content
+  def run(self) -> dict[str, Any]:
+    """Fine-tunes to the last step or a stop; returns results.json's
+    content."""
+    self._results = _Results(self.workdir, self.metric, self.is_chief)
+    out = loop.run(self)
+    self.state = out.state
+    self.preempted, self.nonfinite_stop = out.preempted, out.nonfinite
+    return self._results.content
 
 
 def restore_backbone(

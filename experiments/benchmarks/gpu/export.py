@@ -103,6 +103,7 @@ def _export(config, workdir, platform, disabled, mesh):
   from pretrain_lm import sharding, train  # noqa: PLC0415
   from pretrain_lm.bench import step as step_lib  # noqa: PLC0415
   from pretrain_lm.data import pipeline  # noqa: PLC0415
+  from pretrain_lm.training import state as state_lib  # noqa: PLC0415
 
   trainer = train.Trainer(config, workdir, mesh=mesh)
   host_batch = next(
@@ -120,7 +121,7 @@ def _export(config, workdir, platform, disabled, mesh):
   }
 
   def init(batch):
-    state = train.create_train_state(
+    state = state_lib.create_train_state(
       jax.random.key(config.train.seed),
       batch,
       model=trainer.model,
