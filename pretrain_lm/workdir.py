@@ -2,7 +2,7 @@
 
 The workdir holds `config.json` (the resolved config), `run_metadata.json`
 (per start: git commit, package versions, command line, devices),
-`batch_spec.json` and the tokenizer; `checkpoints/` is checkpoint.py's.
+`batch_spec.json` and the tokenizer; `checkpoints/` is the checkpoint package's.
 Nothing here imports JAX or Orbax: these files are read and written before
 a backend starts, and by tools that need neither.
 """

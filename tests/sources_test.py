@@ -425,7 +425,7 @@ def test_file_format_skips_bad_files_whole(corpus):
   config = _bad_config(corpus, doc_format='file', max_doc_bytes=10_000)
   assert _docs(config) == ['zwölf\n\nlast\n']
   counts = sources.skipped_input(config)
-  # c_binary, and b_mixed for its NUL (the first test of _fault).
+  # c_binary, and b_mixed for its NUL (the first test of doc_fault).
   assert counts['data/skipped_binary'] == 2
   assert counts['data/skipped_empty_file'] == 2
   config.max_doc_bytes = 10
@@ -535,7 +535,7 @@ def test_a_line_longer_than_a_read_chunk(tmp_path, monkeypatch):
   ],
 )
 def test_python_scan_and_tf_filter_agree(doc):
-  want = scan._fault(doc, 200) is None
+  want = scan.doc_fault(doc, 200) is None
   assert bool(scan._is_text(tf.constant(doc), 200)) == want
 
 

@@ -28,8 +28,8 @@ def _files_identity(source: str) -> str:
   disk) is the same stream; not their content, which would read the whole
   corpus at every start. An edit that keeps every size goes unnoticed.
   """
-  # The files the pipeline reads, in its order (sources.py resolves them).
-  files = sources._match_files(source, 'data.source')
+  # The files the pipeline reads, in its order (data/sources resolves them).
+  files = sources.match_files(source, 'data.source')
   # Stats run one by one would take minutes for thousands of gs:// shards.
   with concurrent.futures.ThreadPoolExecutor(16) as pool:
     sizes = list(pool.map(lambda f: epath.Path(f.path).stat().length, files))

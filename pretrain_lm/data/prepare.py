@@ -132,7 +132,7 @@ def _settings(
 def _fingerprint(spec: str, split: str) -> str:
   if not spec:
     return ''
-  if sources._is_tfds(spec):
+  if sources.is_tfds(spec):
     return f'{spec} split {split}'
   return fingerprint._files_identity(spec)
 
@@ -425,7 +425,7 @@ def prepare(
   if not manifest['splits']['train']['rows']:
     raise ValueError(
       f'data.source={d.source!r} gave no training rows (bad input skipped: '
-      f'{sources._summary(manifest["bad_input_counts"])}).'
+      f'{sources.count_summary(manifest["bad_input_counts"])}).'
     )
   manifest['created'] = time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())
   records.write_json_atomic(os.path.join(output, records.MANIFEST), manifest)

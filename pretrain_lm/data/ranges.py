@@ -2,10 +2,10 @@
 
 Ranges are fixed from file sizes alone (make_ranges; the module docstring
 of pretrain_lm.data.prepare says how files are cut). A worker reads its
-range's documents as sources.py makes them from the same input, each with
+range's documents as data/sources makes them from the same input, each with
 where it starts: its byte offset in the file, or its example index in a
 TFDS piece; bad input is raised or counted under data.bad_input
-(BadInput) as sources.py decides it.
+(BadInput) as data/sources decides it.
 """
 
 import concurrent.futures
@@ -38,7 +38,7 @@ def _text_ranges(
   spec: str, field: str, doc_format: str, range_bytes: int
 ) -> list[dict[str, Any]]:
   """The byte ranges of `spec`'s files, in file order."""
-  files = sources._match_files(spec, field)
+  files = sources.match_files(spec, field)
   sizes = _stat_sizes([f.path for f in files])
   ranges = []
   for file, size in zip(files, sizes, strict=True):
@@ -94,7 +94,7 @@ def make_ranges(
   range_bytes = max(1, int(range_mb * (1 << 20)))
 
   def of(spec, field, tfds_split):
-    if sources._is_tfds(spec):
+    if sources.is_tfds(spec):
       return _tfds_ranges(spec, field, tfds_split, tfds_pieces)
     return _text_ranges(spec, field, data.doc_format, range_bytes)
 
@@ -133,7 +133,7 @@ class BadInput:
     self.counts = dict.fromkeys(sources.BAD_INPUT, 0)
 
   def __call__(self, offset: int, kind: str) -> None:
-    if self.policy == 'fail' and kind in sources._FATAL:
+    if self.policy == 'fail' and kind in sources.FATAL:
       r = self.range
       raise sources.bad_input_error(
         r['field'], r['path'], offset, kind, self.limit
@@ -185,7 +185,7 @@ def _line_documents(
   bad: BadInput,
   state: dict[str, bool],
 ) -> Iterator[tuple[int, bytes]]:
-  """Lines -> (offset, document), as sources._file_documents makes them."""
+  """Lines -> (offset, document), as sources.reading makes them."""
   block, block_start = [], 0
   for offset, line in lines:
     if line is None:
@@ -202,7 +202,7 @@ def _line_documents(
         block = []
       continue
     state['nonblank'] = True
-    fault = sources._fault(text, bad.limit)
+    fault = sources.doc_fault(text, bad.limit)
     if fault is not None:
       bad(offset + fault[0], fault[1])  # a bad line leaves its block's rest
     elif doc_format == 'line':
@@ -221,7 +221,7 @@ def _text_documents(
   """(byte offset in the file, document) of one text range, in order."""
   doc_format, limit = settings['doc_format'], bad.limit
   whole = r['start'] == 0 and r['stop'] == r['size']
-  nul = sources._binary_offset(r['path'])
+  nul = sources.binary_offset(r['path'])
   if nul is not None:  # skipped whole, counted by the file's first range
     if r['start'] == 0:
       bad(nul, 'binary')
@@ -229,7 +229,7 @@ def _text_documents(
   state = {'nonblank': False}
   sliced = r['slice'] != [0, 100]
   if sliced:
-    text, begin = sources._slice_bytes(r['path'], *r['slice'])
+    text, begin = sources.slice_bytes(r['path'], *r['slice'])
     r['input'] = {'start': begin, 'stop': begin + len(text)}
   if doc_format == 'file':
     if not sliced:
@@ -240,10 +240,10 @@ def _text_documents(
       bad(0, 'empty_file')
     elif len(text) > limit:
       bad(begin, 'too_long')
-    elif (fault := sources._fault(text, limit)) is not None:
+    elif (fault := sources.doc_fault(text, limit)) is not None:
       bad(begin + fault[0], fault[1])
     else:
-      yield begin, text  # verbatim, as sources.py keeps it
+      yield begin, text  # verbatim, as data/sources keeps it
     return
   elif sliced:
     pieces, offsets, at = text.split(b'\n'), [], begin
@@ -296,6 +296,6 @@ def documents(
   TFDS piece. Where the range's input is not its [start, stop) bytes (a
   slice, a TFDS piece), r['input'] says what was read once all is read.
   """
-  if sources._is_tfds(r['path']):
+  if sources.is_tfds(r['path']):
     return _tfds_documents(r, settings)
   return _text_documents(r, settings, bad)

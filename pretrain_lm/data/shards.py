@@ -253,7 +253,7 @@ def write_range(
     for path in tmp.values():
       with contextlib.suppress(FileNotFoundError):
         os.remove(path)
-  if sources._is_tfds(r['path']):
+  if sources.is_tfds(r['path']):
     source_input = {'path': r['path'], **r['input']}
   else:
     span = r.get('input', {'start': r['start'], 'stop': r['stop']})

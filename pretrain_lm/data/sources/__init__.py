@@ -8,14 +8,11 @@ tfds_source.py reads prepared TFDS datasets and sampling.py samples
 documents for a tokenizer.
 """
 
-# The underscored names are here for the modules of data/ that read files
-# exactly as this package does: fingerprint.py, prepare.py, ranges.py and
-# shards.py.
 from pretrain_lm.data.sources.autograph import no_autograph
 from pretrain_lm.data.sources.checks import (
-  _summary,  # noqa: F401
   check_source,
   check_sources,
+  count_summary,
   eval_source,
   host_files,
   skipped_input,
@@ -23,19 +20,19 @@ from pretrain_lm.data.sources.checks import (
 from pretrain_lm.data.sources.reading import SPLITS, documents
 from pretrain_lm.data.sources.sampling import iter_texts
 from pretrain_lm.data.sources.scan import (
-  _FATAL,  # noqa: F401
   BAD_INPUT,
   BAD_INPUT_POLICIES,
-  _binary_offset,  # noqa: F401
-  _fault,  # noqa: F401
-  _slice_bytes,  # noqa: F401
+  FATAL,
   bad_input_error,
+  binary_offset,
+  doc_fault,
+  slice_bytes,
 )
 from pretrain_lm.data.sources.spec import (
   DOC_FORMATS,
   TFDS_PREFIX,
-  _is_tfds,  # noqa: F401
-  _match_files,  # noqa: F401
+  is_tfds,
+  match_files,
 )
 from pretrain_lm.data.sources.tfds_source import tfds_texts
 
@@ -43,16 +40,23 @@ __all__ = [
   'BAD_INPUT',
   'BAD_INPUT_POLICIES',
   'DOC_FORMATS',
+  'FATAL',
   'SPLITS',
   'TFDS_PREFIX',
   'bad_input_error',
+  'binary_offset',
   'check_source',
   'check_sources',
+  'count_summary',
+  'doc_fault',
   'documents',
   'eval_source',
   'host_files',
+  'is_tfds',
   'iter_texts',
+  'match_files',
   'no_autograph',
   'skipped_input',
+  'slice_bytes',
   'tfds_texts',
 ]

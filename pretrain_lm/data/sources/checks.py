@@ -13,17 +13,17 @@ from absl import logging
 
 from pretrain_lm import configlib
 from pretrain_lm.data.sources.scan import (
-  _FATAL,
   BAD_INPUT,
   BAD_INPUT_POLICIES,
+  FATAL,
   _cached_scan,
   bad_input_error,
 )
 from pretrain_lm.data.sources.spec import (
   DOC_FORMATS,
   _File,
-  _is_tfds,
-  _match_files,
+  is_tfds,
+  match_files,
 )
 from pretrain_lm.data.sources.tfds_source import _tfds_builder
 
@@ -38,7 +38,7 @@ class _Checked(NamedTuple):
   by_file: bool  # the hosts share the files, not the documents (host_files)
 
 
-def _summary(counts: dict[str, int]) -> str:
+def count_summary(counts: dict[str, int]) -> str:
   parts = [f'{n} {k}' for k, n in counts.items() if n]
   return ', '.join(parts) or 'nothing'
 
@@ -80,11 +80,11 @@ def _checked_files(
     )
   counts, kept, filter_docs = dict.fromkeys(BAD_INPUT, 0), [], False
   files, by_file = host_files(
-    _match_files(source, field), process_index, process_count
+    match_files(source, field), process_index, process_count
   )
   for file in files:
     scan = _cached_scan(file, data_config.doc_format, limit)
-    fatal = [(o, k) for o, k in scan.faults if k in _FATAL]
+    fatal = [(o, k) for o, k in scan.faults if k in FATAL]
     if scan.counts['empty_file']:
       fatal = [(0, 'empty_file')]
     if policy == 'fail' and fatal:
@@ -97,7 +97,7 @@ def _checked_files(
   if not kept:
     raise ValueError(
       f'{field}={source!r} has no usable text: its {len(files)} file(s) '
-      f'gave only bad input ({_summary(counts)}).'
+      f'gave only bad input ({count_summary(counts)}).'
     )
   return _Checked(kept, counts, filter_docs, limit, by_file)
 
@@ -107,14 +107,14 @@ _WARNED: set[tuple] = set()
 
 def _warn_skipped(checked: _Checked, field: str) -> None:
   """Says once per process what `field`'s scan skipped (bar blank lines)."""
-  fatal = {k: n for k, n in checked.counts.items() if k in _FATAL and n}
+  fatal = {k: n for k, n in checked.counts.items() if k in FATAL and n}
   key = (field, tuple(checked.files), tuple(fatal.items()))
   if fatal and key not in _WARNED:
     _WARNED.add(key)
     logging.warning(
       "%s: data.bad_input='skip' skipped bad input (documents per kind): %s.",
       field,
-      _summary(fatal),
+      count_summary(fatal),
     )
 
 
@@ -128,7 +128,7 @@ def skipped_input(
   Per epoch over the files this process reads (process 0 logs them), as
   scanned when the source was first read; {} for a TFDS source.
   """
-  if _is_tfds(data_config.source):
+  if is_tfds(data_config.source):
     return {}
   # Cached: the loop asks at every log step, and globbing is not free.
   key = (
@@ -174,7 +174,7 @@ def check_source(
   """
   if not source.strip():
     raise ValueError(f'{field} is empty; name text files or a TFDS dataset.')
-  if _is_tfds(source):
+  if is_tfds(source):
     _tfds_builder(source, field, tfds_data_dir)
     return
   if data_config is None:

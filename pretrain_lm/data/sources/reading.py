@@ -17,8 +17,8 @@ from pretrain_lm.data.sources.scan import _is_text
 from pretrain_lm.data.sources.spec import (
   DOC_FORMATS,
   _File,
-  _is_tfds,
   _read_text,
+  is_tfds,
 )
 from pretrain_lm.data.sources.tfds_source import tfds_texts
 
@@ -52,7 +52,7 @@ def _file_documents(
   Documents of the 'line' and 'blank_line' formats are stripped; a 'file'
   document is the file's (sliced) text verbatim, newlines included. Unless
   max_doc_bytes is None, bad lines (and 'file' documents) are dropped, as
-  _fault finds them.
+  doc_fault finds them.
   """
   if doc_format not in DOC_FORMATS:
     raise ValueError(
@@ -154,7 +154,7 @@ def documents(
       f'data.eval_holdout_every={every} must be >= 2 (or set '
       'data.eval_source), else nothing is left to train on.'
     )
-  if _is_tfds(source):
+  if is_tfds(source):
     # TFDS shards by host itself (tfds.split_for_jax_process).
     docs = _tfds_documents(
       data_config, source, field, tfds_split, process_index, process_count

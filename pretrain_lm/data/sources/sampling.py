@@ -7,8 +7,8 @@ import numpy as np
 import tensorflow as tf
 
 from pretrain_lm.data.sources.reading import documents
-from pretrain_lm.data.sources.scan import _fault
-from pretrain_lm.data.sources.spec import _is_tfds, _match_files
+from pretrain_lm.data.sources.scan import doc_fault
+from pretrain_lm.data.sources.spec import is_tfds, match_files
 
 # Sources up to this size are read whole to sample a tokenizer's documents;
 # larger ones are sampled in windows at random offsets.
@@ -30,14 +30,14 @@ def iter_texts(
   reads. A TFDS source gives its first `limit` documents.
   """
   rng = np.random.default_rng(data_config.seed)
-  if _is_tfds(data_config.source):
+  if is_tfds(data_config.source):
     docs = documents(
       data_config, split='train', process_index=0, process_count=1
     ).take(limit)
     yield from (d.decode('utf-8') for d in docs.as_numpy_iterator())
     return
   # Sizes only: a large source is never scanned whole for this.
-  files = _match_files(data_config.source, 'data.source')
+  files = match_files(data_config.source, 'data.source')
   sizes = [tf.io.gfile.stat(f.path).length for f in files]
   if sum(sizes) > _SAMPLE_WHOLE_BYTES and data_config.doc_format != 'file':
     yield from _window_texts(files, sizes, data_config, limit, rng)
@@ -54,7 +54,7 @@ def _window_texts(files, sizes, data_config, limit, rng) -> Iterator[str]:
   """`limit` documents from windows at random byte offsets of the files.
 
   A window drops its first, partial document; its documents pass the same
-  bad-input test as the pipeline's (_fault).
+  bad-input test as the pipeline's (doc_fault).
   """
   probs = np.asarray(sizes, np.float64) / sum(sizes)
   blank = data_config.doc_format == 'blank_line'
@@ -72,7 +72,7 @@ def _window_texts(files, sizes, data_config, limit, rng) -> Iterator[str]:
     pieces = window.split(separator)[1:-1]  # whole documents only
     for piece in pieces[:_DOCS_PER_WINDOW]:
       doc = piece.strip()
-      if doc and _fault(doc, max_doc_bytes) is None:
+      if doc and doc_fault(doc, max_doc_bytes) is None:
         yield doc.decode('utf-8')
         found += 1
         if found == limit:

@@ -26,7 +26,7 @@ BAD_INPUT = (
   'too_long',
   'whitespace_only',
 )
-_FATAL = BAD_INPUT[:-1]
+FATAL = BAD_INPUT[:-1]
 _DESCRIBE = {
   'empty_file': 'an empty or whitespace-only file',
   'binary': 'binary data (a NUL byte, or mostly control characters)',
@@ -51,7 +51,7 @@ class _Scan(NamedTuple):
   usable: bool  # holds at least one good document
 
 
-def _fault(doc: bytes, max_doc_bytes: int) -> tuple[int, str] | None:
+def doc_fault(doc: bytes, max_doc_bytes: int) -> tuple[int, str] | None:
   """(offset in `doc`, category) of why a non-blank `doc` is bad, or None.
 
   _is_text is the same test in TF ops; the two must agree.
@@ -71,7 +71,8 @@ def _fault(doc: bytes, max_doc_bytes: int) -> tuple[int, str] | None:
 
 
 def _is_text(doc: tf.Tensor, max_doc_bytes: int) -> tf.Tensor:
-  """False where _fault finds bad input; blank documents pass (separators)."""
+  """False where doc_fault finds bad input; blank documents (separators) pass
+  the test."""
   size = tf.strings.length(doc)
   raw = tf.io.decode_raw(doc, tf.uint8)
   control = (raw < 9) | ((raw >= 14) & (raw < 32)) | (raw == 127)
@@ -101,7 +102,7 @@ def _binary_head(head: bytes) -> bool:
   return 4 * (len(head) - valid + control) > len(head)
 
 
-def _binary_offset(path: str) -> int | None:
+def binary_offset(path: str) -> int | None:
   """The offset of a NUL that marks the file binary (_binary_head), or None."""
   with tf.io.gfile.GFile(path, 'rb') as f:
     head = f.read(_SNIFF_BYTES)
@@ -109,7 +110,7 @@ def _binary_offset(path: str) -> int | None:
   return nul if nul >= 0 and _binary_head(head) else None
 
 
-def _slice_bytes(path: str, start: int, stop: int) -> tuple[bytes, int]:
+def slice_bytes(path: str, start: int, stop: int) -> tuple[bytes, int]:
   """A file's slice exactly as the pipeline cuts it, and its byte offset."""
   # By TF's character count, as _file_lines reads it.
   text = _read_text(path, start, stop).numpy()
@@ -149,7 +150,7 @@ def _scan_block(block, start, max_doc_bytes, count_blank, counts, faults):
     if not text.strip():
       if text and count_blank:
         counts['whitespace_only'] += 1
-    elif clean or (fault := _fault(text, max_doc_bytes)) is None:
+    elif clean or (fault := doc_fault(text, max_doc_bytes)) is None:
       usable = True
     else:
       counts[fault[1]] += 1
@@ -203,14 +204,14 @@ def _read_chunks(path: str) -> Iterator[bytes]:
 
 def _scan_file(file: _File, doc_format: str, max_doc_bytes: int) -> _Scan:
   """The bad input of one matched file (or slice of it), without TF graphs."""
-  nul = _binary_offset(file.path)
+  nul = binary_offset(file.path)
   if nul is not None:
     return _Scan(
       {**dict.fromkeys(BAD_INPUT, 0), 'binary': 1}, [(nul, 'binary')], False
     )
   sliced = (file.start, file.stop) != (0, 100)
   if sliced:
-    text, begin = _slice_bytes(file.path, file.start, file.stop)
+    text, begin = slice_bytes(file.path, file.start, file.stop)
     chunks = [text]
   else:
     chunks, begin = _read_chunks(file.path), 0
@@ -230,7 +231,7 @@ def _scan_file(file: _File, doc_format: str, max_doc_bytes: int) -> _Scan:
   if size > max_doc_bytes:
     fault = (0, 'too_long')
   else:
-    fault = _fault(head, max_doc_bytes)
+    fault = doc_fault(head, max_doc_bytes)
   if fault is None:
     return _Scan(counts, [], True)
   counts[fault[1]] = 1

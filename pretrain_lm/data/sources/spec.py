@@ -31,7 +31,7 @@ class _File(NamedTuple):
   stop: int
 
 
-def _is_tfds(source: str) -> bool:
+def is_tfds(source: str) -> bool:
   return source.startswith(TFDS_PREFIX)
 
 
@@ -59,7 +59,7 @@ def _split_slice(entry: str, field: str) -> tuple[str, int, int]:
   return pattern, start, stop
 
 
-def _match_files(source: str, field: str) -> list[_File]:
+def match_files(source: str, field: str) -> list[_File]:
   """The files `source` names, in the given order, each glob sorted."""
   files = []
   for entry in _patterns(source):
