@@ -214,22 +214,21 @@ def _check_mesh(
 def check_grad_accum(
   accum: int,
   batch: int,
-  batch_field: str = 'data.batch_size',
   data: int = 1,
   fsdp: int = 1,
 ) -> None:
-  """train.grad_accum_steps divides the global batch (`batch_field`; fine-
-  tuning's is train.batch_size) into microbatches that split evenly over
-  the mesh's batch-parallel axes, sized `data` x `fsdp`."""
+  """train.grad_accum_steps divides the global batch (data.batch_size,
+  `batch`) into microbatches that split evenly over the mesh's
+  batch-parallel axes, sized `data` x `fsdp`."""
   _require(
     accum >= 1 and batch % accum == 0,
     f'train.grad_accum_steps={accum} must be >= 1 and divide '
-    f'{batch_field}={batch}.',
+    f'data.batch_size={batch}.',
   )
   shards = data * fsdp
   _require(
     (batch // accum) % shards == 0,
-    f'{batch_field}={batch} / train.grad_accum_steps={accum} = '
+    f'data.batch_size={batch} / train.grad_accum_steps={accum} = '
     f'{batch // accum} rows per microbatch, not divisible by the '
     f'data-parallel size mesh.data x mesh.fsdp = {data} x {fsdp} = {shards}.',
   )

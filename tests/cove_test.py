@@ -90,7 +90,7 @@ def sst2_cove(init: str):
   c.task.seq_len = 32
   c.task.max_train_examples = 32
   c.task.max_eval_examples = 32
-  c.train.batch_size = 8
+  c.data.batch_size = 8
   c.train.progress_bar = False
   c.checkpoint.async_save = False
   return c
@@ -142,8 +142,8 @@ def test_sst2_through_the_cli_loss_falls_body_unchanged(t5, tmp_path):
     'task.seq_len': 32,
     'task.max_train_examples': 32,
     'task.max_eval_examples': 32,
-    'train.batch_size': 8,
-    'train.max_steps': 24,
+    'data.batch_size': 8,
+    'train.num_steps': 24,
     'train.log_every': 8,
     'train.progress_bar': False,
     'optimizer.learning_rate': 3e-3,
@@ -182,8 +182,8 @@ def test_conll_tagging_on_the_encoder_loss_falls(t5, tmp_path):
   c = load_config('finetune/conll', f'data={data},recipe=cove')
   c.init.workdir = t5
   c.task.seq_len = 64
-  c.train.batch_size = 4  # the fixture has 5 training sentences
-  c.train.max_steps = 20
+  c.data.batch_size = 4  # the fixture has 5 training sentences
+  c.train.num_steps = 20
   c.train.log_every = 5
   c.train.eval_every = 20
   c.train.progress_bar = False

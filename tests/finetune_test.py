@@ -46,9 +46,9 @@ def ft_config(init: str, **overrides) -> ml_collections.ConfigDict:
   c.task.seq_len = 32
   c.task.max_train_examples = 32
   c.task.max_eval_examples = 64
-  c.train.batch_size = 8
+  c.data.batch_size = 8
   c.train.eval_batch_size = 16
-  c.train.max_steps = STEPS
+  c.train.num_steps = STEPS
   c.train.log_every = 8
   c.train.eval_every = 16
   c.train.progress_bar = False
@@ -158,8 +158,37 @@ def test_configs_are_locked_with_bert_defaults(name, arg):
     c.train.num_step = 5  # a typo is an error, not a new field
   if name == 'glue':
     assert c.task.glue_task == arg.split(',')[0].split('=')[1]
-    assert (c.train.batch_size, c.train.num_epochs) == (32, 3)
+    assert (c.data.batch_size, c.train.num_epochs) == (32, 3)
     assert c.optimizer.learning_rate in (2e-5, 1e-3)
+
+
+def test_fields_pretraining_names_otherwise_say_what_to_set(tmp_path):
+  # Fine-tuning spells them as pretraining does: data.batch_size,
+  # train.num_steps, optimizer.decay. The other spelling fails, naming the
+  # field, on the command line and in a config file.
+  for old, new in config_lib.RENAMED.items():
+    c = config_lib.base_config()  # unlocked, as a config file builds it
+    section, field = old.split('.')
+    c[section][field] = 1
+    with pytest.raises(ValueError, match=f'{old} is called {new}'):
+      config_lib.check_config(c, str(tmp_path))
+  out = subprocess.run(
+    [
+      sys.executable,
+      '-m',
+      'pretrain_lm.finetune',
+      '--config=configs/finetune/glue.py:task=sst2',
+      f'--workdir={tmp_path / "ft"}',
+      '--config.train.batch_size=8',
+    ],
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+    timeout=120,
+  )
+  assert out.returncode != 0
+  assert 'train.batch_size is called data.batch_size' in out.stderr, out
+  assert 'Traceback' not in out.stderr, out.stderr
 
 
 def test_missing_init_is_a_clear_error(tmp_path):
@@ -242,7 +271,7 @@ def run_cli(bert, workdir, overrides, background=False):
     'task.seq_len': 32,
     'task.max_train_examples': 32,
     'task.max_eval_examples': 16,
-    'train.batch_size': 8,
+    'data.batch_size': 8,
     'train.progress_bar': False,
     'mesh.data': 1,
     **overrides,
@@ -281,7 +310,7 @@ def test_cli_sigterm_saves_exits_75_and_resumes(bert, tmp_path):
   workdir = str(tmp_path / 'run')
   cache = str(tmp_path / 'jax_cache')
   overrides = {
-    'train.max_steps': 100_000,
+    'train.num_steps': 100_000,
     'train.log_every': 1,
     'train.eval_every': 100_000,
     'checkpoint.every': 100_000,
@@ -320,7 +349,7 @@ def test_cli_stops_on_nonfinite_steps_with_65(bert, tmp_path):
     bert,
     str(tmp_path / 'run'),
     {
-      'train.max_steps': 20,
+      'train.num_steps': 20,
       'optimizer.learning_rate': 1e30,
       'optimizer.warmup_fraction': 0.0,
       'train.max_consecutive_skips': 2,
@@ -337,7 +366,7 @@ def test_corrupt_latest_checkpoint_fails_or_falls_back(bert, tmp_path):
   # the run, or with checkpoint.on_corrupt=previous is moved aside.
   workdir = str(tmp_path)
   run = dict(
-    train__max_steps=4,
+    train__num_steps=4,
     checkpoint__every=2,
     checkpoint__keep=2,
     checkpoint__keep_best=False,
@@ -360,7 +389,7 @@ def test_corrupt_latest_checkpoint_fails_or_falls_back(bert, tmp_path):
 
 
 def test_elmo_recipe_keeps_the_body_frozen(bert, tmp_path):
-  c = ft_config(bert, train__max_steps=3)
+  c = ft_config(bert, train__num_steps=3)
   c.head.scalar_mix = c.head.mix_layer_norm = c.head.freeze_backbone = True
   run = trainer.Trainer(c, str(tmp_path), one_device())
   before = leaves(jax.device_get(run.initial_state().params))
@@ -384,8 +413,8 @@ def test_cli_distils_and_prints_dev_accuracy(bert, straight, tmp_path):
     'task.seq_len': 32,
     'task.max_train_examples': 32,
     'task.max_eval_examples': 32,
-    'train.batch_size': 8,
-    'train.max_steps': 4,
+    'data.batch_size': 8,
+    'train.num_steps': 4,
     'train.progress_bar': False,
     'mesh.data': 1,
     'distill.teacher': teacher,
@@ -762,8 +791,8 @@ def test_span_and_token_tasks_train_and_report_official_metrics(
   if task == 'squad':
     c.task.max_query_len = 16
     c.task.doc_stride = 24
-  c.train.batch_size = 4  # the CoNLL fixture has 5 training sentences
-  c.train.max_steps = 30
+  c.data.batch_size = 4  # the CoNLL fixture has 5 training sentences
+  c.train.num_steps = 30
   c.train.log_every = 5
   c.train.eval_every = 30
   c.train.progress_bar = False
@@ -795,7 +824,7 @@ def test_microbatches_make_the_whole_batchs_token_step(tiny_workdir, tmp_path):
   )
   c.head.dropout = 0.0
   c.task.seq_len = 64
-  c.train.batch_size = 4
+  c.data.batch_size = 4
   c.train.grad_accum_steps = 4
   c.train.progress_bar = False
   run = trainer.Trainer(c, str(tmp_path / 'run'), one_device())

@@ -264,8 +264,8 @@ def test_fine_tuning_profiles_and_accounts_its_time(tiny_workdir, tmp_path):
   c.task.seq_len = 32
   c.task.max_train_examples = 32
   c.task.max_eval_examples = 16
-  c.train.batch_size = 8
-  c.train.max_steps = 6
+  c.data.batch_size = 8
+  c.train.num_steps = 6
   c.train.log_every = 3
   c.train.progress_bar = False
   c.train.profile_steps = '3:2'

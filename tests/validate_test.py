@@ -154,18 +154,18 @@ def test_compilation_cache_dir_must_be_a_directory(tmp_path):
 
 
 def test_grad_accum_names_the_batch_field_and_the_mesh():
-  # Pretraining's batch is data.batch_size, fine-tuning's train.batch_size.
-  validate.check_grad_accum(4, 32, 'train.batch_size', data=2, fsdp=4)
-  with pytest.raises(ValueError, match='must be >= 1 and divide train.batch'):
-    validate.check_grad_accum(0, 32, 'train.batch_size')
+  # Pretraining's and fine-tuning's batch: data.batch_size.
+  validate.check_grad_accum(4, 32, data=2, fsdp=4)
+  with pytest.raises(ValueError, match='=0 must be >= 1 and divide data.batch'):
+    validate.check_grad_accum(0, 32)
   with pytest.raises(ValueError, match='=3 must be >= 1 and divide data.batch'):
     validate.check_grad_accum(3, 32)
   with pytest.raises(
     ValueError,
-    match=r'train.batch_size=32 / train.grad_accum_steps=8 = 4 rows per '
+    match=r'data.batch_size=32 / train.grad_accum_steps=8 = 4 rows per '
     r'microbatch, .* mesh.data x mesh.fsdp = 2 x 4 = 8\.',
   ):
-    validate.check_grad_accum(8, 32, 'train.batch_size', data=2, fsdp=4)
+    validate.check_grad_accum(8, 32, data=2, fsdp=4)
 
 
 def test_mesh_and_batch_split():

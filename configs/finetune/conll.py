@@ -46,6 +46,6 @@ def get_config(arg=None):
 
   c.optimizer.learning_rate = 5e-5
   c.train.num_epochs = 3
-  c.train.batch_size = 32
+  c.data.batch_size = 32
   finetune_config.apply_recipe(c, arg.recipe)
   return configlib.lock(c)

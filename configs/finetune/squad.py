@@ -40,5 +40,5 @@ def get_config(arg=None):
 
   c.optimizer.learning_rate = 5e-5
   c.train.num_epochs = 2 if c.task.version_2 else 3
-  c.train.batch_size = 48 if c.task.version_2 else 32
+  c.data.batch_size = 48 if c.task.version_2 else 32
   return configlib.lock(c)

@@ -54,5 +54,5 @@ def get_config(arg=None):
 
   c.optimizer.learning_rate = 1e-4
   c.train.num_epochs = 5
-  c.train.batch_size = 16
+  c.data.batch_size = 16
   return configlib.lock(c)

@@ -83,6 +83,10 @@ def main(argv):
 
 def parse_flags(argv: list[str]) -> list[str]:
   """absl flag parsing, with a clear message for a mistyped config field."""
+  # A fine-tuning-only spelling of a pretraining field: say which to set.
+  message = config_lib.renamed_override(argv)
+  if message:
+    raise SystemExit(f'error: {message}')
   try:
     return flags.FLAGS(argv)
   except (flags.Error, AttributeError, KeyError) as e:

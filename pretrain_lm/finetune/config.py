@@ -15,6 +15,13 @@ from pretrain_lm import configlib, validate
 from pretrain_lm.data import sources
 from pretrain_lm.finetune import TASKS
 
+# Fields named as pretraining names the same thing: a config or an override
+# that sets the fine-tuning-only spelling fails with the field to set.
+RENAMED = {
+  'train.batch_size': 'data.batch_size',
+  'train.max_steps': 'train.num_steps',
+  'optimizer.schedule': 'optimizer.decay',
+}
 # Valid values of the string-choice fields, checked before anything is built.
 HEADS = ('classification', 'regression', 'span', 'token', 'lm')
 POOLINGS = ('auto', 'cls', 'pooler', 'mean', 'max', 'last')
@@ -92,11 +99,11 @@ def base_config() -> ml_collections.ConfigDict:
   c.optimizer.eps = 1e-6
   c.optimizer.weight_decay = 0.01  # not on biases and norms (BERT)
   c.optimizer.grad_clip_norm = 1.0  # 0 disables clipping
-  # 'linear': warmup over warmup_fraction of the steps, then linear decay
-  # to 0 (BERT). 'slanted_triangular': ULMFiT's (Howard & Ruder, 2018,
-  # eq. 3): up for cut_frac of the steps, down for the rest, from and to
-  # learning_rate / ratio.
-  c.optimizer.schedule = 'linear'
+  # After warmup: 'linear' warms up over warmup_fraction of the steps,
+  # then decays linearly to 0 (BERT). 'slanted_triangular': ULMFiT's
+  # (Howard & Ruder, 2018, eq. 3): up for cut_frac of the steps, down for
+  # the rest, from and to learning_rate / ratio.
+  c.optimizer.decay = 'linear'
   c.optimizer.warmup_fraction = 0.1
   c.optimizer.cut_frac = 0.1
   c.optimizer.ratio = 32.0
@@ -135,14 +142,16 @@ def base_config() -> ml_collections.ConfigDict:
   # forward, backward and mask for a classification head, else mask.
   c.cvt.views = ''
   c.cvt.mask_rate = 0.15  # the 'mask' view's share of masked tokens
-  c.cvt.batch_size = 0  # rows of an unlabelled step; 0: train.batch_size
+  c.cvt.batch_size = 0  # rows of an unlabelled step; 0: data.batch_size
+
+  c.data = ml_collections.ConfigDict()
+  c.data.batch_size = 32  # global, across all hosts
 
   c.train = ml_collections.ConfigDict()
   c.train.num_epochs = 3
   # 0: num_epochs of steps; else stop after this many steps (quick runs).
-  c.train.max_steps = 0
-  c.train.batch_size = 32  # global, across all hosts
-  c.train.eval_batch_size = 0  # 0: batch_size
+  c.train.num_steps = 0
+  c.train.eval_batch_size = 0  # 0: data.batch_size
   # Microbatches per step, their gradients summed in the jitted step, as
   # in pretraining (configlib): batch_size's update at 1/grad_accum_steps
   # of the activation memory.
@@ -194,7 +203,7 @@ def apply_recipe(c: ml_collections.ConfigDict, recipe: str) -> None:
   if recipe not in RECIPES:
     raise ValueError(f'Config arg recipe={recipe!r}; valid: {list(RECIPES)}.')
   if recipe == 'ulmfit':
-    c.optimizer.schedule = 'slanted_triangular'
+    c.optimizer.decay = 'slanted_triangular'
     c.optimizer.cut_frac = 0.1
     c.optimizer.ratio = 32.0
     c.optimizer.layer_lr_decay = 1 / 2.6
@@ -219,11 +228,34 @@ def _choice(value: str, name: str, valid: tuple[str, ...]) -> None:
   _require(value in valid, f'{name}={value!r}; valid: {list(valid)}.')
 
 
+def renamed(name: str) -> str | None:
+  """What to say of field `name` ('section.field') if RENAMED has it."""
+  if name not in RENAMED:
+    return None
+  return (
+    f'{name} is called {RENAMED[name]} in fine-tuning, as in pretraining; '
+    'set that instead.'
+  )
+
+
+def renamed_override(argv: list[str]) -> str | None:
+  """What to say of the first --config.<field> in argv RENAMED has."""
+  for arg in argv:
+    if arg.startswith('--config.'):
+      message = renamed(arg[len('--config.') :].partition('=')[0])
+      if message:
+        return message
+  return None
+
+
 def check_config(config: ml_collections.ConfigDict, workdir: str = '') -> None:
   """Raises ValueError/FileNotFoundError naming the first bad field.
 
   Cheap: reads no data and builds nothing, so the CLI fails in seconds.
   """
+  for name in RENAMED:  # a config file may have set them (unlocked)
+    section, field = name.split('.')
+    _require(field not in config.get(section, {}), renamed(name))
   init, task, opt = config.init, config.task, config.optimizer
   train = config.train
   resuming = workdir and tf.io.gfile.exists(
@@ -293,7 +325,7 @@ def check_config(config: ml_collections.ConfigDict, workdir: str = '') -> None:
     f'head.dropout={config.head.dropout} must be in [0, 1).',
   )
   _choice(opt.name, 'optimizer.name', ('adamw',))
-  _choice(opt.schedule, 'optimizer.schedule', SCHEDULES)
+  _choice(opt.decay, 'optimizer.decay', SCHEDULES)
   _require(
     0 < opt.layer_lr_decay <= 1,
     f'optimizer.layer_lr_decay={opt.layer_lr_decay} must be in (0, 1].',
@@ -318,12 +350,11 @@ def check_config(config: ml_collections.ConfigDict, workdir: str = '') -> None:
       'init_config.json in it).'
     )
   check_cvt(config, task_head)
-  _require(train.batch_size > 0, 'train.batch_size must be > 0.')
-  validate.check_grad_accum(
-    train.grad_accum_steps, train.batch_size, 'train.batch_size'
-  )
+  batch_size = config.data.batch_size
+  _require(batch_size > 0, 'data.batch_size must be > 0.')
+  validate.check_grad_accum(train.grad_accum_steps, batch_size)
   _require(train.num_epochs > 0, 'train.num_epochs must be > 0.')
-  for name in ('max_steps', 'eval_every', 'exit_interval', 'eval_batch_size'):
+  for name in ('num_steps', 'eval_every', 'exit_interval', 'eval_batch_size'):
     _require(train[name] >= 0, f'train.{name} must be >= 0.')
   _require(train.log_every > 0, 'train.log_every must be > 0.')
   validate.check_monitoring(train)

@@ -45,7 +45,7 @@ def learning_rate_schedule(
   opt: ml_collections.ConfigDict, num_steps: int
 ) -> optax.Schedule:
   """BERT's warmup + linear decay to 0, or ULMFiT's slanted triangle."""
-  if opt.schedule == 'slanted_triangular':
+  if opt.decay == 'slanted_triangular':
     return slanted_triangular(
       opt.learning_rate, num_steps, opt.cut_frac, opt.ratio
     )

@@ -306,11 +306,11 @@ class Trainer:
 
     self.mesh = mesh or sharding.make_mesh(c.mesh)
     shards = self.mesh.shape['data'] * self.mesh.shape['fsdp']
-    self.batch_size = c.train.batch_size
-    self.eval_batch_size = c.train.eval_batch_size or c.train.batch_size
-    self.unlabeled_batch_size = c.cvt.batch_size or c.train.batch_size
+    self.batch_size = c.data.batch_size
+    self.eval_batch_size = c.train.eval_batch_size or c.data.batch_size
+    self.unlabeled_batch_size = c.cvt.batch_size or c.data.batch_size
     for field, size in (
-      ('train.batch_size', self.batch_size),
+      ('data.batch_size', self.batch_size),
       ('train.eval_batch_size', self.eval_batch_size),
       ('cvt.batch_size', self.unlabeled_batch_size),
     ):
@@ -325,7 +325,7 @@ class Trainer:
     if not batches_per_epoch:
       raise ValueError(
         f'{self.train_split.num_rows} training rows make no batch of '
-        f'train.batch_size={self.batch_size}.'
+        f'data.batch_size={self.batch_size}.'
       )
     self.steps_per_epoch = batches_per_epoch * (2 if self.cvt else 1)
     if self.cvt and self.unlabeled.num_rows < self.unlabeled_batch_size:
@@ -333,7 +333,7 @@ class Trainer:
         f'cvt.unlabeled={c.cvt.unlabeled!r}: {self.unlabeled.num_rows} '
         f'unlabelled rows make no batch of {self.unlabeled_batch_size}.'
       )
-    self.num_steps = c.train.max_steps or (
+    self.num_steps = c.train.num_steps or (
       c.train.num_epochs * self.steps_per_epoch
     )
     # Evaluations and checkpoints: every so many steps, 0: each epoch's end.
@@ -422,9 +422,7 @@ class Trainer:
     self.checkpointers = tuple(
       x for x in (self.checkpointer, self.best_checkpointer) if x
     )
-    self.microbatches = step_lib.check_grad_accum(
-      c, self.mesh, batch_field='train.batch_size'
-    )
+    self.microbatches = step_lib.check_grad_accum(c, self.mesh)
     self._p_train_step = self.jit_step(self.microbatches)
     self._p_predict = jax.jit(
       functools.partial(predict, model=self.model),

@@ -196,28 +196,13 @@ def eval_step(params, batch, *, model, loss_fn):
   return loss_fn(outputs, batch)[1]
 
 
-def _field(config: ml_collections.ConfigDict, name: str):
-  """config's 'section.field' value."""
-  section, field = name.split('.')
-  return config[section][field]
-
-
-def check_grad_accum(
-  config: ml_collections.ConfigDict,
-  mesh,
-  batch_field: str = 'data.batch_size',
-) -> int:
-  """train.grad_accum_steps, checked against the batch and the mesh.
-
-  `batch_field` names the config's global batch size (fine-tuning's is
-  train.batch_size).
-  """
+def check_grad_accum(config: ml_collections.ConfigDict, mesh) -> int:
+  """train.grad_accum_steps, checked against data.batch_size and the mesh."""
   accum = config.train.grad_accum_steps
   # Each microbatch is split over the batch-parallel devices like a batch.
   validate.check_grad_accum(
     accum,
-    _field(config, batch_field),
-    batch_field,
+    config.data.batch_size,
     data=mesh.shape['data'],
     fsdp=mesh.shape['fsdp'],
   )
