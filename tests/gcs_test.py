@@ -392,7 +392,7 @@ def test_run_in_a_gcs_workdir_is_preempted_and_resumes(gcs, tokenizer_path):
 
   import tensorflow as tf
 
-  from pretrain_lm import train
+  from pretrain_lm.training import loop
 
   workdir = f'gs://{BUCKET}/run'
   overrides = {
@@ -416,7 +416,7 @@ def test_run_in_a_gcs_workdir_is_preempted_and_resumes(gcs, tokenizer_path):
     time.sleep(0.5)
   proc.send_signal(signal.SIGTERM)
   out, _ = proc.communicate(timeout=300)
-  assert proc.returncode == train.EXIT_RESUME == 75, out
+  assert proc.returncode == loop.EXIT_RESUME == 75, out
   steps = tf.io.gfile.listdir(f'{workdir}/checkpoints')
   steps = [s.rstrip('/') for s in steps]
   assert len(steps) == 1 and int(steps[0]) > 0, steps

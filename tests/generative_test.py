@@ -285,9 +285,9 @@ def run_config(init, **task):
   c.task.max_train_examples = 16
   c.task.max_eval_examples = 6
   c.task.update(task)
-  c.train.batch_size = 8
+  c.data.batch_size = 8
   c.train.eval_batch_size = 4
-  c.train.max_steps = 16
+  c.train.num_steps = 16
   c.train.log_every = 4
   c.train.eval_every = 8
   c.train.progress_bar = False

@@ -35,6 +35,7 @@ import jax  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from pretrain_lm import checkpoint, configlib, train  # noqa: E402
+from pretrain_lm.checkpoint import integrity  # noqa: E402
 from pretrain_lm.data import pipeline  # noqa: E402
 
 
@@ -75,12 +76,8 @@ def main(argv=None):
 
   flat = checkpoint.flatten(state)
   rows['checksums_host'] = timed(lambda: checkpoint.checksums(state))
-  rows['checksums_xla first'] = timed(
-    lambda: checkpoint._device_checksums(flat)
-  )
-  rows['checksums_xla again'] = timed(
-    lambda: checkpoint._device_checksums(flat)
-  )
+  rows['checksums_xla first'] = timed(lambda: integrity._device_checksums(flat))
+  rows['checksums_xla again'] = timed(lambda: integrity._device_checksums(flat))
   leaves = jax.tree.leaves(state)
   words = sum(x.size for x in leaves)
   print(f'{args.config}: {len(leaves)} state arrays, {words:,} elements')

@@ -14,8 +14,6 @@ from pretrain_lm.checkpoint.errors import (
   TreeMismatchError,
 )
 from pretrain_lm.checkpoint.integrity import (
-  # experiments/benchmarks/startup.py times the on-device sums alone.
-  _device_checksums,  # noqa: F401
   checksums,
   flatten,
   path_name,

@@ -2,8 +2,8 @@
 
 `TASKS[config.task.name]` is a task module: it reads its data, turns
 examples into model rows and scores predictions (glue.py documents the
-interface); the fine-tuning loop (pretrain_lm.finetune.trainer) is the same
-for all of them.
+interface); the fine-tuning job (pretrain_lm.finetune.trainer, trained by
+pretrain_lm.training.loop as pretraining is) is the same for all of them.
 
 Entry points:
 

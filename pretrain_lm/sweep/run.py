@@ -17,7 +17,7 @@ from pretrain_lm.sweep.spec import (
   run_names,
 )
 
-# pretrain_lm.train.EXIT_RESUME: stopped by a signal, checkpoint saved.
+# pretrain_lm.training.loop.EXIT_RESUME: stopped by a signal, checkpoint saved.
 EXIT_RESUME = 75
 
 

@@ -91,9 +91,9 @@ def export_train(
       jax.export.DisabledSafetyCheck.custom_call(t) for t in cudnn_targets()
     ]
     if jax.default_backend() != 'gpu':
-      from pretrain_lm.models import layers  # noqa: PLC0415
+      from pretrain_lm.models.kernels import cudnn  # noqa: PLC0415
 
-      lowering = layers.cudnn_off_gpu(cudnn_version)
+      lowering = cudnn.cudnn_off_gpu(cudnn_version)
   with lowering:  # Trainer traces the model too (the state's shardings)
     return _export(config, workdir, platform, disabled, mesh)
 
