@@ -31,11 +31,19 @@ $(VENV)/.test-installed: $(VENV)/.installed
 quickstart: $(VENV)/.installed
 	$(PY) -m pretrain_lm.main --config=configs/bert.py:size=tiny --workdir=workdirs/quickstart
 
-# Two workers: the suite is mostly XLA compiles, which use one core each.
+# Two tiers, both run: the unit tier (functions and modules, a few minutes)
+# and the integration tier (whole runs: presets trained, resume, multi-host,
+# faults, launchers, notebooks; tests/conftest.py lists its files), sharing
+# one compilation cache. Two workers: the suite is mostly XLA compiles,
+# which use one core each.
+TIER = $(PY) -m pytest -q -n 2 -m
 test: $(VENV)/.test-installed
-	$(PY) -m pytest -q -n 2
+	@cache=$$(mktemp -d) && trap 'rm -rf "$$cache"' EXIT && \
+	export JAX_COMPILATION_CACHE_DIR="$$cache" && \
+	echo '== unit tier ==' && $(TIER) 'not integration and not slow' && \
+	echo '== integration tier ==' && $(TIER) 'integration and not slow'
 
-# Includes tests marked `slow`.
+# Both tiers and the tests marked `slow`.
 test-all: $(VENV)/.test-installed
 	$(PY) -m pytest -q -n 2 -m ''
 

@@ -49,6 +49,52 @@ import pytest  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
+# The integration tier: files whose tests run whole programs (every preset
+# trained, resume after a stop, several processes, faults, launchers,
+# notebooks, Beam preparation, fine-tuning runs, tests/conftest.py's
+# trained tiny_workdir). Every other file is the unit tier. `make test`
+# runs the unit tier first, then this one (markers 'integration' and
+# 'not integration').
+INTEGRATION = frozenset(
+  f'{name}_test.py'
+  for name in [
+    'aot',
+    'bench',
+    'configs',
+    'convert',
+    'cove',
+    'cvt',
+    'describe',
+    'evaluate',
+    'fault',
+    'fewshot',
+    'finetune',
+    'first_run',
+    'gcs',
+    'generative',
+    'goodput',
+    'launch',
+    'multihost',
+    'nonfinite',
+    'notebooks',
+    'prepare',
+    'pretrained',
+    'provenance',
+    'resume',
+    'resume_meta',
+    'sweep',
+    'switches',
+    'train',
+  ]
+)
+
+
+def pytest_collection_modifyitems(config, items):
+  del config
+  for item in items:
+    if item.path.name in INTEGRATION:
+      item.add_marker(pytest.mark.integration)
+
 
 def one_device():
   """A 1-device mesh: compiles faster where sharding is not under test."""
