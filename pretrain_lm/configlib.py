@@ -61,6 +61,8 @@ def parse_arg(arg: str | None, **defaults) -> ml_collections.ConfigDict:
 
 def base_config() -> ml_collections.ConfigDict:
   """Every section and field a run understands, with neutral defaults."""
+  # Long by design: the schema is one table, each field on its own line
+  # with what it means, read top to bottom; splitting it would scatter it.
   c = ml_collections.ConfigDict()
 
   # Architecture: the fields of pretrain_lm.models.config.ModelConfig, filled

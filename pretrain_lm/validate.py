@@ -272,6 +272,8 @@ def check_monitoring(t: ml_collections.ConfigDict) -> None:
 
 def check_config(config: ml_collections.ConfigDict) -> None:
   """Raises ValueError/FileNotFoundError naming the first bad field."""
+  # Long by design: one check per field or pair of fields, each with its
+  # message, in the schema's order.
   check_fields(config)  # milliseconds: before anything that reads files
   # The data and objective modules load TensorFlow (seconds): only once
   # the fields are known to be sound.

@@ -218,6 +218,13 @@ def tiny_workdir(tmp_path_factory):
   return make
 
 
+def scratch_bytes(jitted, *args) -> int:
+  """The compiled program's scratch memory (XLA's temporary buffers) for
+  `args`: what gradient accumulation keeps to a microbatch's activations."""
+  compiled = jitted.lower(*args).compile()
+  return compiled.memory_analysis().temp_size_in_bytes
+
+
 def sgd_steps(trainer):
   """({accum: a jitted SGD(lr=1) step}, a function making a fresh state)
   for a Trainer (pretraining's or fine-tuning's)."""

@@ -36,6 +36,7 @@ CVT_VIEWS = ('forward', 'backward', 'future', 'past', 'mask')
 
 def base_config() -> ml_collections.ConfigDict:
   """Every section and field a fine-tuning run understands."""
+  # Long by design, as configlib.base_config: one table of fields.
   c = ml_collections.ConfigDict()
 
   c.init = ml_collections.ConfigDict()
@@ -252,6 +253,7 @@ def check_config(config: ml_collections.ConfigDict, workdir: str = '') -> None:
   """Raises ValueError/FileNotFoundError naming the first bad field.
 
   Cheap: reads no data and builds nothing, so the CLI fails in seconds.
+  Long by design, as validate.check_config: one check per field.
   """
   for name in RENAMED:  # a config file may have set them (unlocked)
     section, field = name.split('.')
