@@ -49,22 +49,24 @@ import pytest  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-# The integration tier: files whose tests run whole programs (every preset
-# trained, resume after a stop, several processes, faults, launchers,
-# notebooks, Beam preparation, fine-tuning runs, tests/conftest.py's
-# trained tiny_workdir). Every other file is the unit tier. `make test`
-# runs the unit tier first, then this one (markers 'integration' and
-# 'not integration').
+# The integration tier: files whose tests run whole programs or train (every
+# preset trained, resume after a stop, several processes, entry points,
+# faults and corrupt checkpoints, launchers, notebooks, Beam preparation,
+# fine-tuning runs, tests/conftest.py's trained tiny_workdir). Every other
+# file is the unit tier. `make test` runs the unit tier first, then this
+# one (markers 'integration' and 'not integration').
 INTEGRATION = frozenset(
   f'{name}_test.py'
   for name in [
     'aot',
     'bench',
+    'checkpoint',
     'configs',
     'convert',
     'cove',
     'cvt',
     'describe',
+    'electra',
     'evaluate',
     'fault',
     'fewshot',
@@ -78,6 +80,7 @@ INTEGRATION = frozenset(
     'nonfinite',
     'notebooks',
     'prepare',
+    'prepared',
     'pretrained',
     'provenance',
     'resume',
@@ -85,6 +88,7 @@ INTEGRATION = frozenset(
     'sweep',
     'switches',
     'train',
+    'xla_flags',
   ]
 )
 

@@ -354,8 +354,8 @@ def test_resume_is_exact_across_processes(tmp_path, tokenizer_path):
   straight = str(tmp_path / 'straight')
   straight_run = run_main(straight, base)
   done = straight_run.stdout
-  # Orbax's warning about the handler checkpoint.py registers on purpose
-  # stays out of the user's log.
+  # Orbax's warning about the handler checkpoint/orbax_setup.py registers
+  # on purpose stays out of the user's log.
   assert 'Type handler registry' not in straight_run.stderr
   # The run ends by saying where the checkpoint is and how to load it.
   assert f'Checkpoint: {straight}/checkpoints/{2 * n}' in done, done
