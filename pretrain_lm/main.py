@@ -8,8 +8,6 @@ exit code 75 (signal; checkpoint saved) asks for that, 65 (diverged: too many
 non-finite steps in a row) does not. Multi-host: run it on every host.
 """
 
-import sys
-
 from absl import app, flags, logging
 from ml_collections import config_flags
 
@@ -52,11 +50,7 @@ def main(argv):
     trainer.run()
   except checkpoint.RestoreError as e:
     raise SystemExit(f'error: {e}') from None
-  if trainer.nonfinite_stop:  # a failure: launchers must not rerun it
-    sys.exit(loop.EXIT_NONFINITE)
-  if trainer.preempted:
-    print(f'Exiting with code {loop.EXIT_RESUME}: rerun to resume.')
-    sys.exit(loop.EXIT_RESUME)
+  loop.exit_if_stopped(trainer)
   if trainer.is_chief:
     print(
       f'\nCheckpoints, metrics.jsonl and TensorBoard logs are in {workdir}.'

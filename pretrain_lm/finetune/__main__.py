@@ -10,8 +10,6 @@ non-finite steps in a row) does not, as in pretraining (pretrain_lm.main).
 see pretrain_lm.finetune (its docstring runs the same Trainer).
 """
 
-import sys
-
 from absl import app, flags, logging
 from ml_collections import config_flags
 
@@ -63,11 +61,7 @@ def main(argv):
     results = run.run()
   except checkpoint.RestoreError as e:
     raise SystemExit(f'error: {e}') from None
-  if run.nonfinite_stop:  # a failure: launchers must not rerun it
-    sys.exit(loop.EXIT_NONFINITE)
-  if run.preempted:
-    print(f'Exiting with code {loop.EXIT_RESUME}: rerun to resume.')
-    sys.exit(loop.EXIT_RESUME)
+  loop.exit_if_stopped(run)
   best, final = results['best'], results['final']
   name = 'eval_' + results['metric']
   if final:

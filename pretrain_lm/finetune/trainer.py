@@ -436,17 +436,9 @@ class Trainer:
     return self._p_train_step
 
   def jit_step(self, grad_accum_steps: int):
-    """This run's train step, jitted, with another batch split (tests;
-    train_step is the config's)."""
-    return step_lib.jit_train_step(
-      self.model,
-      self.tx,
-      self.loss_fn,
-      self.schedule,
-      self.shardings,
-      self.mesh,
-      grad_accum_steps=grad_accum_steps,
-    )
+    """This run's step with another batch split (train_step is the
+    config's)."""
+    return step_lib.jit_job_step(self, grad_accum_steps)
 
   def context(self):
     return state_lib.context(self.mesh)

@@ -13,6 +13,7 @@ import dataclasses
 import functools
 import os
 import signal
+import sys
 import time
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
@@ -194,6 +195,17 @@ def run(job: Job) -> Outcome:
   writer.close()
   out.state, out.step = state, step
   return out
+
+
+def exit_if_stopped(job) -> None:
+  """Ends a program whose job's run stopped early with its exit code: 65
+  after too many non-finite steps (a failure launchers must not rerun), 75
+  after a signal (rerun to resume)."""
+  if job.nonfinite_stop:
+    sys.exit(EXIT_NONFINITE)
+  if job.preempted:
+    print(f'Exiting with code {EXIT_RESUME}: rerun to resume.')
+    sys.exit(EXIT_RESUME)
 
 
 def open_writer(job: Job, start: int) -> metrics_lib.MetricWriter:

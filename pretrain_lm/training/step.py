@@ -212,3 +212,17 @@ def check_grad_accum(config: ml_collections.ConfigDict, mesh) -> int:
 def shapes_key(batch: dict) -> tuple:
   """What a jitted step is compiled for: its inputs' names and shapes."""
   return tuple(sorted((k, tuple(v.shape)) for k, v in batch.items()))
+
+
+def jit_job_step(job, grad_accum_steps: int):
+  """A trainer's step (its model, optimizer, loss, schedule, shardings and
+  mesh), jitted with `grad_accum_steps` microbatches."""
+  return jit_train_step(
+    job.model,
+    job.tx,
+    job.loss_fn,
+    job.schedule,
+    job.shardings,
+    job.mesh,
+    grad_accum_steps=grad_accum_steps,
+  )
