@@ -9,11 +9,16 @@ From Python, the same two operations:
   convert.import_hf('path/to/hf-bert', 'workdirs/bert_hf')
   convert.export_hf('workdirs/quickstart', 'workdirs/quickstart_hf')
 
-See pretrain_lm/convert/hf.py; one module per architecture holds its tensor
-table (bert.py for BERT and RoBERTa, gpt2.py, t5.py, bart.py), and
-tokenizer.py converts the tokenizer files.
+from_hf.py imports, to_hf.py exports, weights.py applies a model_type's
+tensor table to a whole checkpoint, and files.py reads and writes the files
+(hf.py gives all their names in one module); one module per architecture
+holds its tensor table (bert.py for BERT and RoBERTa, gpt2.py, t5.py,
+bart.py), layout.py the tables' common parts, and tokenizer.py converts the
+tokenizer files.
 """
 
-from pretrain_lm.convert.hf import FORMATS, export_hf, import_hf
+from pretrain_lm.convert.from_hf import import_hf
+from pretrain_lm.convert.to_hf import export_hf
+from pretrain_lm.convert.weights import FORMATS
 
 __all__ = ['FORMATS', 'export_hf', 'import_hf']

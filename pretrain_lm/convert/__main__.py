@@ -55,11 +55,12 @@ def main(argv):
   if missing:
     raise app.UsageError(f'{command} needs {" and ".join(missing)}.')
 
-  from pretrain_lm.convert import hf  # JAX/TF import is slow: flags first
+  # JAX/TF import is slow: flags first.
+  from pretrain_lm.convert import from_hf, to_hf
 
   try:
     if command == 'import':
-      record = hf.import_hf(FLAGS.src, FLAGS.workdir)
+      record = from_hf.import_hf(FLAGS.src, FLAGS.workdir)
       print(
         f'Imported {record["architecture"]} ({record["model_type"]}) from '
         f'{record["source"]} into {FLAGS.workdir} (step 0).'
@@ -73,7 +74,7 @@ def main(argv):
         f'  m = pretrain_lm.load({FLAGS.workdir!r})'
       )
     else:
-      config = hf.export_hf(
+      config = to_hf.export_hf(
         FLAGS.workdir,
         FLAGS.dst,
         step=FLAGS.step,
