@@ -117,30 +117,18 @@ def _tokenizer(workdir: str, saved: dict | None) -> dict[str, Any] | None:
   return out
 
 
-def describe(workdir: str, step: int | None = None) -> dict[str, Any]:
-  """The workdir's checkpoints, and checkpoint `step` (default: the latest).
+def _steps(directory: str) -> list[int]:
+  """The checkpoint steps saved in `directory`; [] if none (or no directory)."""
+  if not tf.io.gfile.isdir(directory):
+    return []
+  checkpointer = checkpoint_lib.Checkpointer(directory, keep=0, read_only=True)
+  steps = checkpointer.all_steps()
+  checkpointer.close()
+  return steps
 
-  Raises FileNotFoundError naming the directory when there is no checkpoint.
-  """
-  workdir = workdir_lib.absolute(workdir)
-  directory = checkpoint_lib.checkpoint_dir(workdir)
-  steps = []
-  if tf.io.gfile.isdir(directory):
-    checkpointer = checkpoint_lib.Checkpointer(
-      directory, keep=0, read_only=True
-    )
-    steps = checkpointer.all_steps()
-    checkpointer.close()
-  if not steps:
-    raise FileNotFoundError(
-      f'No checkpoint in {directory!r}: not a pretrain_lm workdir, or no '
-      'checkpoint saved yet.'
-    )
-  step = steps[-1] if step is None else step
-  if step not in steps:
-    raise FileNotFoundError(
-      f'No checkpoint {step} in {directory!r}; there are {steps}.'
-    )
+
+def _listing(workdir: str, directory: str, steps: list[int]) -> list[dict]:
+  """One entry per checkpoint: step, when saved, bytes on disk, eval metrics."""
   evals = _eval_metrics(workdir)
   listing = []
   for s in steps:
@@ -156,7 +144,28 @@ def describe(workdir: str, step: int | None = None) -> dict[str, Any]:
         'eval': meta.get(checkpoint_lib.EVAL_METRICS_KEY) or evals.get(s, {}),
       }
     )
+  return listing
 
+
+def _config_diff(run: dict, workdir_config: dict | None) -> dict | None:
+  """{field: [the checkpoint's value, config.json's]} where they differ.
+
+  None when either config is missing.
+  """
+  if 'config' not in run or workdir_config is None:
+    return None
+  saved, now = _flatten(run['config']), _flatten(workdir_config)
+  return {
+    k: [saved.get(k), now.get(k)]
+    for k in sorted(saved.keys() | now.keys())
+    if saved.get(k) != now.get(k)
+  }
+
+
+def _checkpoint(
+  workdir: str, directory: str, step: int, saved: str | None
+) -> dict[str, Any]:
+  """What checkpoint `step` recorded of its run, config and params."""
   meta = checkpoint_lib.read_meta(directory, step) or {}
   run = meta.get('run', {})
   config_path = os.path.join(workdir, 'config.json')
@@ -165,14 +174,49 @@ def describe(workdir: str, step: int | None = None) -> dict[str, Any]:
     if tf.io.gfile.exists(config_path)
     else None
   )
-  config_diff = None
-  if 'config' in run and workdir_config is not None:
-    saved, now = _flatten(run['config']), _flatten(workdir_config)
-    config_diff = {
-      k: [saved.get(k), now.get(k)]
-      for k in sorted(saved.keys() | now.keys())
-      if saved.get(k) != now.get(k)
-    }
+  return {
+    'saved': saved,
+    # From before checkpoints described themselves: only config.json.
+    'recorded': bool(run),
+    'config': run.get('config', workdir_config),
+    # {field: [this checkpoint's value, config.json's]}
+    'config_diff_vs_config_json': _config_diff(run, workdir_config),
+    'git_commit': run.get('git_commit'),
+    'versions': run.get('versions'),
+    'mesh': run.get('mesh'),
+    'process_count': run.get('process_count'),
+    'device_count': run.get('device_count'),
+    'device_kind': run.get('device_kind'),
+    'platform': run.get('platform'),
+    'model_family': meta.get('model_family'),
+    'objective': meta.get('objective'),
+    'batches_consumed': meta.get('batches_consumed'),
+    'tokenizer': _tokenizer(workdir, meta.get('tokenizer')),
+    'data': meta.get('data'),
+    'params': _params(os.path.join(directory, str(step), 'state')),
+  }
+
+
+def describe(workdir: str, step: int | None = None) -> dict[str, Any]:
+  """The workdir's checkpoints, and checkpoint `step` (default: the latest).
+
+  Raises FileNotFoundError naming the directory when there is no checkpoint.
+  """
+  workdir = workdir_lib.absolute(workdir)
+  directory = checkpoint_lib.checkpoint_dir(workdir)
+  steps = _steps(directory)
+  if not steps:
+    raise FileNotFoundError(
+      f'No checkpoint in {directory!r}: not a pretrain_lm workdir, or no '
+      'checkpoint saved yet.'
+    )
+  step = steps[-1] if step is None else step
+  if step not in steps:
+    raise FileNotFoundError(
+      f'No checkpoint {step} in {directory!r}; there are {steps}.'
+    )
+  listing = _listing(workdir, directory, steps)
+  saved = listing[steps.index(step)]['saved']
   return {
     'workdir': workdir,
     'directory': directory,
@@ -180,27 +224,7 @@ def describe(workdir: str, step: int | None = None) -> dict[str, Any]:
     # Wall time over every start of the run, by cause (goodput.summarize).
     'goodput': goodput.summarize(goodput.read_records(workdir)),
     'step': step,
-    'checkpoint': {
-      'saved': listing[steps.index(step)]['saved'],
-      # From before checkpoints described themselves: only config.json.
-      'recorded': bool(run),
-      'config': run.get('config', workdir_config),
-      # {field: [this checkpoint's value, config.json's]}
-      'config_diff_vs_config_json': config_diff,
-      'git_commit': run.get('git_commit'),
-      'versions': run.get('versions'),
-      'mesh': run.get('mesh'),
-      'process_count': run.get('process_count'),
-      'device_count': run.get('device_count'),
-      'device_kind': run.get('device_kind'),
-      'platform': run.get('platform'),
-      'model_family': meta.get('model_family'),
-      'objective': meta.get('objective'),
-      'batches_consumed': meta.get('batches_consumed'),
-      'tokenizer': _tokenizer(workdir, meta.get('tokenizer')),
-      'data': meta.get('data'),
-      'params': _params(os.path.join(directory, str(step), 'state')),
-    },
+    'checkpoint': _checkpoint(workdir, directory, step, saved),
   }
 
 
