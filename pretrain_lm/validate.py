@@ -53,19 +53,38 @@ _RANGES = (
   ('objective.delete_rate', 0, 1, '[]'),
   ('objective.token_mask_rate', 0, 1, '[]'),
   ('model.logits_chunk', 0, math.inf, '[)'),
-  ('optimizer.learning_rate', 0, math.inf, '[)'),
   ('optimizer.final_learning_rate', 0, math.inf, '[)'),
-  ('optimizer.b1', 0, 1, '[)'),
-  ('optimizer.b2', 0, 1, '[)'),
-  ('optimizer.eps', 0, math.inf, '[)'),
-  ('optimizer.weight_decay', 0, math.inf, '[)'),
-  ('optimizer.grad_clip_norm', 0, math.inf, '[)'),
   ('optimizer.adafactor_decay_rate', 0, 1, '(]'),
   ('optimizer.adafactor_momentum', 0, 1, '[)'),
   ('data.shuffle_buffer', 1, math.inf, '[)'),
   ('data.tokenizer_max_docs', 1, math.inf, '[)'),
   ('data.max_doc_bytes', 1, math.inf, '[)'),
 )
+# The ranges of configlib.run_config's numbers: fine-tuning's too.
+RUN_RANGES = (
+  ('optimizer.learning_rate', 0, math.inf, '[)'),
+  ('optimizer.b1', 0, 1, '[)'),
+  ('optimizer.b2', 0, 1, '[)'),
+  ('optimizer.eps', 0, math.inf, '[)'),
+  ('optimizer.weight_decay', 0, math.inf, '[)'),
+  ('optimizer.grad_clip_norm', 0, math.inf, '[)'),
+)
+
+
+def _check_ranges(config: ml_collections.ConfigDict, ranges) -> None:
+  """Each (field, low, high, ends) of `ranges` the config has is in range."""
+  for name, low, high, ends in ranges:
+    section, field = name.split('.')
+    if field not in config.get(section, {}):
+      continue
+    value = config[section][field]
+    above = value > low if ends[0] == '(' else value >= low
+    below = value < high if ends[1] == ')' else value <= high
+    high_text = 'inf' if math.isinf(high) else f'{high:g}'
+    _require(
+      above and below,
+      f'{name}={value} must be in {ends[0]}{low:g}, {high_text}{ends[1]}.',
+    )
 
 
 def _leaves(config: Any, prefix: str = '') -> Iterator[tuple[str, Any]]:
@@ -106,8 +125,8 @@ def check_fields(config: ml_collections.ConfigDict) -> None:
   """The checks that read no file and touch no device: milliseconds.
 
   Unknown fields (with the nearest known one), wrong types, numbers out of
-  range, a mesh or batch that cannot be split, heads that do not divide
-  the width.
+  range, the fields fine-tuning shares (check_run), a mesh or batch that
+  cannot be split, heads that do not divide the width.
   """
   known = dict(_leaves(configlib.base_config()))
   given = dict(_leaves(config))
@@ -128,17 +147,8 @@ def check_fields(config: ml_collections.ConfigDict) -> None:
       )
     message = _type_error(name, value, known[name])
     _require(message is None, message)
-  for name, low, high, ends in _RANGES:
-    if name not in given:
-      continue
-    value = given[name]
-    above = value > low if ends[0] == '(' else value >= low
-    below = value < high if ends[1] == ')' else value <= high
-    high_text = 'inf' if math.isinf(high) else f'{high:g}'
-    _require(
-      above and below,
-      f'{name}={value} must be in {ends[0]}{low:g}, {high_text}{ends[1]}.',
-    )
+  _check_ranges(config, _RANGES)
+  check_run(config)
   _check_mesh(config)
   _check_heads(config.model)
 
@@ -166,10 +176,9 @@ def _check_heads(m: ml_collections.ConfigDict) -> None:
   )
 
 
-def _mesh_sizes(config: ml_collections.ConfigDict, num_devices: int | None):
-  """The mesh's (data, fsdp, tensor) sizes, the data axis over every slice
-  (mesh.data x mesh.dcn_data); -1 resolved, or left without a count."""
-  sizes = [config.mesh[a] for a in sharding.MESH_AXES]
+def check_mesh(mesh: ml_collections.ConfigDict) -> None:
+  """The mesh section's axis sizes, before any device is counted."""
+  sizes = [mesh[a] for a in sharding.MESH_AXES]
   for axis, size in zip(sharding.MESH_AXES, sizes, strict=True):
     _require(
       size == -1 or size >= 1,
@@ -180,11 +189,19 @@ def _mesh_sizes(config: ml_collections.ConfigDict, num_devices: int | None):
     sizes.count(-1) <= 1,
     f'mesh (data, fsdp, tensor) = {tuple(sizes)}: at most one axis may be -1.',
   )
-  slices = sharding.num_slices(config.mesh)
+  slices = sharding.num_slices(mesh)
   _require(
     slices >= 1,
     f'mesh.dcn_data={slices} must be >= 1 (the slices the data axis spans).',
   )
+
+
+def _mesh_sizes(config: ml_collections.ConfigDict, num_devices: int | None):
+  """The mesh's (data, fsdp, tensor) sizes, the data axis over every slice
+  (mesh.data x mesh.dcn_data); -1 resolved, or left without a count."""
+  check_mesh(config.mesh)
+  sizes = [config.mesh[a] for a in sharding.MESH_AXES]
+  slices = sharding.num_slices(config.mesh)
   if num_devices is None:
     return [sizes[0] * slices if sizes[0] != -1 else -1, *sizes[1:]]
   return list(sharding.mesh_shape(config.mesh, num_devices))
@@ -270,75 +287,23 @@ def check_monitoring(t: ml_collections.ConfigDict) -> None:
   )
 
 
-def check_config(config: ml_collections.ConfigDict) -> None:
-  """Raises ValueError/FileNotFoundError naming the first bad field."""
-  # Long by design: one check per field or pair of fields, each with its
-  # message, in the schema's order.
-  check_fields(config)  # milliseconds: before anything that reads files
-  # The data and objective modules load TensorFlow (seconds): only once
-  # the fields are known to be sound.
-  import tensorflow as tf
+def check_run(config: ml_collections.ConfigDict) -> None:
+  """The fields of configlib.run_config, pretraining's and fine-tuning's.
 
-  from pretrain_lm.data import pipeline, prepared, sources
-  from pretrain_lm.data import tokenizer as tokenizer_lib
-  from pretrain_lm.objectives import OBJECTIVES, row_transform
+  Both schemas' check_config call it, so a shared field fails with one
+  message whichever run it is in. Milliseconds: reads no file.
+  """
+  _check_ranges(config, RUN_RANGES)
+  batch = config.data.batch_size
+  _require(batch > 0, f'data.batch_size={batch} must be > 0.')
+  check_train(config.train, batch)
+  check_mesh(config.mesh)
+  check_checkpoint(config.checkpoint)
 
-  m, d, t, c = config.model, config.data, config.train, config.checkpoint
-  _require(
-    m.family in MODELS, f'model.family={m.family!r}; valid: {sorted(MODELS)}.'
-  )
-  _require(
-    config.objective.name in OBJECTIVES,
-    f'objective.name={config.objective.name!r}; valid: {sorted(OBJECTIVES)}.',
-  )
-  objective = OBJECTIVES[config.objective.name]
-  _require(
-    m.family in objective.FAMILIES,
-    f'objective.name={config.objective.name!r} trains the '
-    f'{list(objective.FAMILIES)} family, not model.family={m.family!r}.',
-  )
-  _require(
-    m.position != 'learned' or d.seq_len <= m.max_len,
-    f'data.seq_len={d.seq_len} exceeds model.max_len={m.max_len}, the '
-    'size of the learned position table.',
-  )
-  _require(d.seq_len > 0, f'data.seq_len={d.seq_len} must be > 0.')
-  _require(d.batch_size > 0, f'data.batch_size={d.batch_size} must be > 0.')
-  _require(t.num_steps > 0, f'train.num_steps={t.num_steps} must be > 0.')
-  check_monitoring(t)
-  check_grad_accum(t.grad_accum_steps, d.batch_size)
-  pipeline.seq_len_stages(config)  # raises naming data.seq_len_schedule
-  _require(
-    config.optimizer.name in OPTIMIZER_NAMES,
-    f'optimizer.name={config.optimizer.name!r}; valid: '
-    f'{list(OPTIMIZER_NAMES)}.',
-  )
-  for name in ('log_every', 'eval_every'):
-    _require(t[name] > 0, f'train.{name}={t[name]} must be > 0.')
-  check_cache_dir(t.compilation_cache_dir)
-  _require(c.every > 0, f'checkpoint.every={c.every} must be > 0.')
-  for name in ('keep', 'keep_best', 'keep_every'):
-    _require(c[name] >= 0, f'checkpoint.{name}={c[name]} must be >= 0.')
-  _require(
-    d.tokenizer_type in tokenizer_lib.MODEL_TYPES,
-    f'data.tokenizer_type={d.tokenizer_type!r}; expected one of '
-    f'{tokenizer_lib.MODEL_TYPES}.',
-  )
-  _require(
-    c.best_mode in configlib.BEST_MODES,
-    f'checkpoint.best_mode={c.best_mode!r}; expected one of '
-    f'{configlib.BEST_MODES}.',
-  )
-  _require(
-    c.on_corrupt in configlib.ON_CORRUPT,
-    f'checkpoint.on_corrupt={c.on_corrupt!r}; expected one of '
-    f'{configlib.ON_CORRUPT}.',
-  )
-  _require(
-    not c.keep_best or c.best_metric.startswith('eval_'),
-    f'checkpoint.best_metric={c.best_metric!r} must name an eval metric '
-    "(they start with 'eval_', e.g. 'eval_loss').",
-  )
+
+def check_train(t: ml_collections.ConfigDict, batch_size: int) -> None:
+  """configlib.run_train's fields: the training loop's."""
+  _require(t.log_every > 0, f'train.log_every={t.log_every} must be > 0.')
   _require(
     t.exit_interval >= 0, f'train.exit_interval={t.exit_interval} must be >= 0.'
   )
@@ -346,20 +311,118 @@ def check_config(config: ml_collections.ConfigDict) -> None:
     t.max_consecutive_skips >= 0,
     f'train.max_consecutive_skips={t.max_consecutive_skips} must be >= 0.',
   )
+  check_monitoring(t)
+  check_grad_accum(t.grad_accum_steps, batch_size)
+
+
+def check_checkpoint(c: ml_collections.ConfigDict) -> None:
+  """configlib.run_checkpoint's fields: retention and restore."""
+  _require(c.keep >= 0, f'checkpoint.keep={c.keep} must be >= 0.')
   _require(
-    config.optimizer.warmup_steps >= 0, 'optimizer.warmup_steps must be >= 0.'
+    c.on_corrupt in configlib.ON_CORRUPT,
+    f'checkpoint.on_corrupt={c.on_corrupt!r}; expected one of '
+    f'{configlib.ON_CORRUPT}.',
   )
-  rates = config.objective
-  _require(
-    rates.mask_token_rate + rates.random_token_rate <= 1,
-    'objective.mask_token_rate + objective.random_token_rate must be '
-    '<= 1 (the rest is kept unchanged).',
-  )
+
+
+def check_config(config: ml_collections.ConfigDict) -> None:
+  """Raises ValueError/FileNotFoundError naming the first bad field."""
+  check_fields(config)  # milliseconds: before anything that reads files
+  objective = _check_model_and_objective(config)
+  _check_schedule(config)
+  check_cache_dir(config.train.compilation_cache_dir)
+  _check_retention(config.checkpoint)
   # The objective's own fields (its rates, the packing it needs).
   if hasattr(objective, 'check_config'):
     objective.check_config(config)
+  # ModelConfig's own checks, before tokenizer training.
+  ModelConfig.from_config(config.model)
+  _check_files(config)
 
-  ModelConfig.from_config(m)  # its own checks, before tokenizer training
+
+def _check_model_and_objective(config: ml_collections.ConfigDict):
+  """The family and objective exist and go together; returns the objective's
+  module."""
+  # The objective modules load TensorFlow (seconds): only once the fields
+  # are known to be sound.
+  from pretrain_lm.objectives import OBJECTIVES
+
+  m, d, o = config.model, config.data, config.objective
+  _require(
+    m.family in MODELS, f'model.family={m.family!r}; valid: {sorted(MODELS)}.'
+  )
+  _require(
+    o.name in OBJECTIVES,
+    f'objective.name={o.name!r}; valid: {sorted(OBJECTIVES)}.',
+  )
+  objective = OBJECTIVES[o.name]
+  _require(
+    m.family in objective.FAMILIES,
+    f'objective.name={o.name!r} trains the '
+    f'{list(objective.FAMILIES)} family, not model.family={m.family!r}.',
+  )
+  _require(
+    m.position != 'learned' or d.seq_len <= m.max_len,
+    f'data.seq_len={d.seq_len} exceeds model.max_len={m.max_len}, the '
+    'size of the learned position table.',
+  )
+  _require(
+    o.mask_token_rate + o.random_token_rate <= 1,
+    'objective.mask_token_rate + objective.random_token_rate must be '
+    '<= 1 (the rest is kept unchanged).',
+  )
+  return objective
+
+
+def _check_schedule(config: ml_collections.ConfigDict) -> None:
+  """Pretraining's rows, steps, evaluation and optimizer (check_run has the
+  fields fine-tuning shares)."""
+  from pretrain_lm.data import pipeline
+  from pretrain_lm.data import tokenizer as tokenizer_lib
+
+  d, t, opt = config.data, config.train, config.optimizer
+  _require(d.seq_len > 0, f'data.seq_len={d.seq_len} must be > 0.')
+  _require(
+    d.tokenizer_type in tokenizer_lib.MODEL_TYPES,
+    f'data.tokenizer_type={d.tokenizer_type!r}; expected one of '
+    f'{tokenizer_lib.MODEL_TYPES}.',
+  )
+  _require(t.num_steps > 0, f'train.num_steps={t.num_steps} must be > 0.')
+  _require(t.eval_every > 0, f'train.eval_every={t.eval_every} must be > 0.')
+  pipeline.seq_len_stages(config)  # raises naming data.seq_len_schedule
+  _require(
+    opt.name in OPTIMIZER_NAMES,
+    f'optimizer.name={opt.name!r}; valid: {list(OPTIMIZER_NAMES)}.',
+  )
+  _require(opt.warmup_steps >= 0, 'optimizer.warmup_steps must be >= 0.')
+
+
+def _check_retention(c: ml_collections.ConfigDict) -> None:
+  """Pretraining's checkpoint fields beyond run_checkpoint's."""
+  _require(c.every > 0, f'checkpoint.every={c.every} must be > 0.')
+  for name in ('keep_best', 'keep_every'):
+    _require(c[name] >= 0, f'checkpoint.{name}={c[name]} must be >= 0.')
+  _require(
+    c.best_mode in configlib.BEST_MODES,
+    f'checkpoint.best_mode={c.best_mode!r}; expected one of '
+    f'{configlib.BEST_MODES}.',
+  )
+  _require(
+    not c.keep_best or c.best_metric.startswith('eval_'),
+    f'checkpoint.best_metric={c.best_metric!r} must name an eval metric '
+    "(they start with 'eval_', e.g. 'eval_loss').",
+  )
+
+
+def _check_files(config: ml_collections.ConfigDict) -> None:
+  """What the run reads: prepared manifests, local text, the tokenizer and
+  checkpoint.init_from."""
+  import tensorflow as tf
+
+  from pretrain_lm.data import pipeline, prepared, sources
+  from pretrain_lm.objectives import row_transform
+
+  d = config.data
   if prepared.is_prepared(d.source):
     # Manifests and shard sizes, the row length, packing and tokenizer.
     pipeline.prepared_stream(config, row_transform(config).row_length)
@@ -377,9 +440,10 @@ def check_config(config: ml_collections.ConfigDict) -> None:
     raise FileNotFoundError(
       f'data.tokenizer: no tokenizer file at {d.tokenizer!r}.'
     )
-  if c.init_from and not tf.io.gfile.exists(c.init_from):
+  init_from = config.checkpoint.init_from
+  if init_from and not tf.io.gfile.exists(init_from):
     raise FileNotFoundError(
-      f'checkpoint.init_from: {c.init_from!r} does not exist.'
+      f'checkpoint.init_from: {init_from!r} does not exist.'
     )
 
 

@@ -302,3 +302,80 @@ def test_field_errors_come_before_tensorflow_is_imported():
     timeout=120,
   ).stdout.splitlines()
   assert out == ['objective.mask_rate=1.5 must be in (0, 1).', 'False'], out
+
+
+def _flat(config, prefix=''):
+  """{'section.field': default} of a config."""
+  out = {}
+  for key, value in config.items():
+    if isinstance(value, ml_collections.ConfigDict):
+      out.update(_flat(value, f'{prefix}{key}.'))
+    else:
+      out[f'{prefix}{key}'] = value
+  return out
+
+
+# Fine-tuning's fields in the run sections beyond configlib.run_config's:
+# its own, and those whose meaning or valid values differ from
+# pretraining's (finetune/config.py says how, beside each).
+FINETUNE_OWN = {
+  'optimizer.name',
+  'optimizer.decay',
+  'optimizer.warmup_fraction',
+  'optimizer.cut_frac',
+  'optimizer.ratio',
+  'optimizer.layer_lr_decay',
+  'optimizer.gradual_unfreezing',
+  'train.num_epochs',
+  'train.num_steps',
+  'train.eval_every',
+  'train.eval_batch_size',
+  'checkpoint.every',
+  'checkpoint.keep_best',
+}
+
+
+def test_finetune_schema_extends_the_run_sections():
+  from pretrain_lm.finetune import config as finetune_config
+
+  shared = _flat(configlib.run_config())
+  pretraining = _flat(configlib.base_config())
+  finetuning = _flat(finetune_config.base_config())
+  for name, default in shared.items():
+    assert type(pretraining[name]) is type(default), name
+    assert type(finetuning[name]) is type(default), name
+  sections = {name.split('.')[0] for name in shared}
+  in_run_sections = {n for n in finetuning if n.split('.')[0] in sections}
+  assert in_run_sections == set(shared) | FINETUNE_OWN
+  assert not set(shared) & FINETUNE_OWN
+
+
+@pytest.mark.parametrize(
+  'field, value, words',
+  [
+    ('train.log_every', 0, 'train.log_every=0 must be > 0.'),
+    ('train.exit_interval', -1, 'train.exit_interval=-1 must be >= 0.'),
+    ('train.max_consecutive_skips', -1, 'max_consecutive_skips=-1 must be'),
+    ('train.grad_accum_steps', 3, 'train.grad_accum_steps=3 must be >= 1'),
+    ('train.profile_hosts', 'one', "train.profile_hosts='one' is not one"),
+    ('train.input_bound_share', 2.0, 'train.input_bound_share=2.0 must be'),
+    ('data.batch_size', 0, 'data.batch_size=0 must be > 0.'),
+    ('mesh.fsdp', 0, 'mesh.fsdp=0 must be >= 1'),
+    ('mesh.dcn_data', 0, 'mesh.dcn_data=0 must be >= 1'),
+    ('optimizer.b2', 1.0, 'optimizer.b2=1.0 must be in [0, 1).'),
+    ('optimizer.learning_rate', -1.0, 'optimizer.learning_rate=-1.0 must'),
+    ('checkpoint.keep', -1, 'checkpoint.keep=-1 must be >= 0.'),
+    ('checkpoint.on_corrupt', 'skip', "checkpoint.on_corrupt='skip'; expected"),
+  ],
+)
+def test_shared_fields_fail_alike_in_both_schemas(
+  field, value, words, tmp_path
+):
+  # One check (validate.check_run) for the fields fine-tuning shares.
+  from pretrain_lm.finetune import config as finetune_config
+
+  _fails(_config(**{field: value}), words)
+  c = finetune_config.base_config()
+  section, name = field.split('.')
+  c[section][name] = value
+  _fails(c, words, check=lambda c: finetune_config.check_config(c, ''))

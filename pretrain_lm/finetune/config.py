@@ -35,167 +35,180 @@ CVT_VIEWS = ('forward', 'backward', 'future', 'past', 'mask')
 
 
 def base_config() -> ml_collections.ConfigDict:
-  """Every section and field a fine-tuning run understands."""
-  # Long by design, as configlib.base_config: one table of fields.
-  c = ml_collections.ConfigDict()
+  """Every section and field a fine-tuning run understands.
 
-  c.init = ml_collections.ConfigDict()
-  c.init.workdir = ''  # the pretraining workdir (--init): model, tokenizer
-  c.init.step = 0  # its checkpoint; 0: the latest
+  Pretraining's run sections (configlib.run_config: the global batch,
+  AdamW, the training loop's train fields, the mesh, checkpoint retention),
+  with BERT's fine-tuning defaults and fine-tuning's extra fields, plus its
+  own sections: init, task, head, distill and cvt.
+  """
+  c = ml_collections.ConfigDict()
+  c.init = init_section()
+  c.task = task_section()
+  c.head = head_section()
+  c.distill = distill_section()
+  c.cvt = cvt_section()
+  c.data = configlib.run_data()
+  c.data.batch_size = 32  # BERT's recipe: 16 or 32
+  c.optimizer = optimizer_section()
+  c.train = train_section()
+  c.mesh = configlib.mesh_section()
+  c.checkpoint = checkpoint_section()
+  return c
+
+
+def init_section() -> ml_collections.ConfigDict:
+  """The pretrained body the run starts from."""
+  i = ml_collections.ConfigDict()
+  i.workdir = ''  # the pretraining workdir (--init): model, tokenizer
+  i.step = 0  # its checkpoint; 0: the latest
   # The from-scratch baseline: the init workdir's architecture and
   # tokenizer, but freshly initialised weights.
-  c.init.random_init = False
+  i.random_init = False
   # Zhang et al. (2021), "Revisiting Few-sample BERT Fine-tuning": the top
   # N layers of the restored body, and what sits above them (BERT's pooler),
   # start from fresh weights instead; the layers below keep the pretrained
   # ones.
-  c.init.reinit_top_layers = 0
+  i.reinit_top_layers = 0
+  return i
 
-  c.task = ml_collections.ConfigDict()
-  c.task.name = 'glue'  # key of pretrain_lm.finetune.TASKS
-  c.task.glue_task = 'sst2'
+
+def task_section() -> ml_collections.ConfigDict:
+  """The downstream task and its data."""
+  t = ml_collections.ConfigDict()
+  t.name = 'glue'  # key of pretrain_lm.finetune.TASKS
+  t.glue_task = 'sst2'
   # The task's data folder (glue: '' reads the bundled SST-2 sample).
-  c.task.data_dir = ''
-  c.task.metric = ''  # the dev metric that picks the best; '': the task's
-  c.task.seq_len = 128
+  t.data_dir = ''
+  t.metric = ''  # the dev metric that picks the best; '': the task's
+  t.seq_len = 128
   # 0: every example; else the first N (quick runs, tests).
-  c.task.max_train_examples = 0
-  c.task.max_eval_examples = 0
+  t.max_train_examples = 0
+  t.max_eval_examples = 0
+  return t
 
-  c.head = ml_collections.ConfigDict()
+
+def head_section() -> ml_collections.ConfigDict:
+  """What sits on the body and reads its states."""
+  h = ml_collections.ConfigDict()
   # The vector a sequence-level head reads: 'auto' is BERT's tanh pooler
   # when the body has one, else [CLS] for encoders, the last real token for
   # decoders and the final decoder token for encoder-decoders (BART);
   # 'mean' / 'max' over real tokens.
-  c.head.pooling = 'auto'
-  c.head.dropout = 0.1
+  h.pooling = 'auto'
+  h.dropout = 0.1
   # ELMo's feature-based use (Peters et al., 2018): a learned softmax mix of
   # every layer's states with a scale gamma, optionally layer-normalising
   # each layer first; usually with the body frozen.
-  c.head.scalar_mix = False
-  c.head.mix_layer_norm = False
-  c.head.freeze_backbone = False
+  h.scalar_mix = False
+  h.mix_layer_norm = False
+  h.freeze_backbone = False
   # T5 (Raffel et al., 2020): classify by generating the label word; the
   # encoder reads the text, the decoder is trained on the word.
-  c.head.text_to_text = False
+  h.text_to_text = False
   # Sentence-BERT (Reimers & Gurevych, 2019): each sentence of a pair
   # embedded alone by the same body (pooling 'auto' is the mean);
   # classification on (u, v, |u - v|), regression as cos(u, v) against the
   # label / similarity_scale (STS-B's scores run 0-5).
-  c.head.siamese = False
-  c.head.similarity_scale = 5.0
+  h.siamese = False
+  h.similarity_scale = 5.0
   # CoVe (McCann et al., 2017): an encoder-decoder's (T5, BART) encoder
   # alone gives the features (all its layers with scalar_mix), after the
   # token table's rows of the ids with cove_embeddings (the paper's
   # [GloVe(w); CoVe(w)]); usually with the body frozen.
-  c.head.cove = False
-  c.head.cove_embeddings = True
+  h.cove = False
+  h.cove_embeddings = True
+  return h
 
-  c.optimizer = ml_collections.ConfigDict()
-  c.optimizer.name = 'adamw'
-  # BERT picked the best of {5e-5, 3e-5, 2e-5} on dev for each task.
-  c.optimizer.learning_rate = 2e-5
-  c.optimizer.b1 = 0.9
-  c.optimizer.b2 = 0.999
-  c.optimizer.eps = 1e-6
-  c.optimizer.weight_decay = 0.01  # not on biases and norms (BERT)
-  c.optimizer.grad_clip_norm = 1.0  # 0 disables clipping
-  # After warmup: 'linear' warms up over warmup_fraction of the steps,
-  # then decays linearly to 0 (BERT). 'slanted_triangular': ULMFiT's
-  # (Howard & Ruder, 2018, eq. 3): up for cut_frac of the steps, down for
-  # the rest, from and to learning_rate / ratio.
-  c.optimizer.decay = 'linear'
-  c.optimizer.warmup_fraction = 0.1
-  c.optimizer.cut_frac = 0.1
-  c.optimizer.ratio = 32.0
-  # ULMFiT's discriminative fine-tuning: layer l of L gets
-  # learning_rate * decay^(L - l); the embeddings (l = 0) the least, the top
-  # layer and the head the full rate. ULMFiT uses 1 / 2.6; 1.0 is off.
-  c.optimizer.layer_lr_decay = 1.0
-  # ULMFiT's gradual unfreezing: only the head trains at first, then one
-  # more layer from the top every this many epochs (ULMFiT: 1.0); 0 is off.
-  c.optimizer.gradual_unfreezing = 0.0
 
-  # Knowledge distillation (Hinton et al., 2015; Turc et al., 2019's
-  # pre-trained distillation): learn from a fine-tuned teacher's soft
-  # predictions. loss = (1 - alpha) * gold + alpha * T^2 * KL(teacher_T ||
-  # student_T); Turc et al. use the soft targets alone (alpha = 1).
-  c.distill = ml_collections.ConfigDict()
-  c.distill.teacher = ''  # a fine-tuning workdir of the same task; '' is off
-  c.distill.temperature = 1.0
-  c.distill.alpha = 1.0
+def distill_section() -> ml_collections.ConfigDict:
+  """Knowledge distillation from a fine-tuned teacher."""
+  # Hinton et al., 2015; Turc et al., 2019's pre-trained distillation:
+  # learn from a fine-tuned teacher's soft predictions. loss = (1 - alpha)
+  # * gold + alpha * T^2 * KL(teacher_T || student_T); Turc et al. use the
+  # soft targets alone (alpha = 1).
+  d = ml_collections.ConfigDict()
+  d.teacher = ''  # a fine-tuning workdir of the same task; '' is off
+  d.temperature = 1.0
+  d.alpha = 1.0
+  return d
 
-  # Cross-view training (Clark et al., 2018; pretrain_lm.finetune.model):
-  # training steps alternate a labelled batch (the task head's gold loss)
-  # with an unlabelled one (auxiliary heads, each reading a restricted view
-  # of the input, learn to match the task head's predictions, held fixed).
-  # For classification and token heads.
-  c.cvt = ml_collections.ConfigDict()
+
+def cvt_section() -> ml_collections.ConfigDict:
+  """Cross-view training on unlabelled text."""
+  # Clark et al., 2018; pretrain_lm.finetune.model: training steps
+  # alternate a labelled batch (the task head's gold loss) with an
+  # unlabelled one (auxiliary heads, each reading a restricted view of the
+  # input, learn to match the task head's predictions, held fixed). For
+  # classification and token heads.
+  v = ml_collections.ConfigDict()
   # The unlabelled examples; '' is off. 'train': the task's training
   # examples after its first task.max_train_examples, labels unread. Else
   # text, an example per document: a data.source string (comma-separated
   # paths or globs, local or gs://, or 'tfds:name'), split by doc_format.
-  c.cvt.unlabeled = ''
-  c.cvt.doc_format = 'line'
-  c.cvt.max_unlabeled_examples = 0  # 0: all of them
+  v.unlabeled = ''
+  v.doc_format = 'line'
+  v.max_unlabeled_examples = 0  # 0: all of them
   # Comma-separated views (CVT_VIEWS: forward, backward, future,
   # past, mask); '': the paper's four for a token head on an encoder,
   # forward, backward and mask for a classification head, else mask.
-  c.cvt.views = ''
-  c.cvt.mask_rate = 0.15  # the 'mask' view's share of masked tokens
-  c.cvt.batch_size = 0  # rows of an unlabelled step; 0: data.batch_size
+  v.views = ''
+  v.mask_rate = 0.15  # the 'mask' view's share of masked tokens
+  v.batch_size = 0  # rows of an unlabelled step; 0: data.batch_size
+  return v
 
-  c.data = ml_collections.ConfigDict()
-  c.data.batch_size = 32  # global, across all hosts
 
-  c.train = ml_collections.ConfigDict()
-  c.train.num_epochs = 3
-  # 0: num_epochs of steps; else stop after this many steps (quick runs).
-  c.train.num_steps = 0
-  c.train.eval_batch_size = 0  # 0: data.batch_size
-  # Microbatches per step, their gradients summed in the jitted step, as
-  # in pretraining (configlib): batch_size's update at 1/grad_accum_steps
-  # of the activation memory.
-  c.train.grad_accum_steps = 1
-  c.train.seed = 0  # head init, dropout and the per-epoch shuffles
-  c.train.log_every = 50
-  c.train.eval_every = 0  # steps; 0: at the end of each epoch
-  # Save and exit cleanly at every multiple of this step (0: never);
-  # rerunning the same command continues the run.
-  c.train.exit_interval = 0
-  # As in pretraining (configlib): a step with a non-finite loss or
-  # gradient is skipped; this many in a row stop the run with exit code
-  # 65 (0: skip forever).
-  c.train.max_consecutive_skips = 10
-  # Peak FLOP/s of one device for MFU; 0 looks the device kind up.
-  c.train.peak_flops_per_device = 0.0
-  c.train.progress_bar = True  # on a terminal only, as in pretraining
-  # jax's persistent compilation cache, as in pretraining ('' : off).
-  c.train.compilation_cache_dir = ''
-  # As in pretraining (configlib): a trace of steps 'START:COUNT' into the
-  # workdir's tensorboard/, the input-bound report, Weights & Biases.
-  c.train.profile_steps = ''
-  c.train.profile_hosts = 'chief'
-  c.train.input_bound_share = 0.2
-  c.train.wandb_project = ''
-  c.train.wandb_entity = ''
+def optimizer_section() -> ml_collections.ConfigDict:
+  """AdamW (configlib.run_optimizer) on BERT's or ULMFiT's schedule."""
+  o = configlib.run_optimizer()
+  # BERT picked the best of {5e-5, 3e-5, 2e-5} on dev for each task.
+  o.learning_rate = 2e-5
+  # Unlike pretraining's optimizer.name, AdamW only (no lamb, adafactor).
+  o.name = 'adamw'
+  # Unlike pretraining's optimizer.decay (linear | cosine | constant |
+  # rsqrt, after warmup_steps), SCHEDULES over the run's own length:
+  # After warmup: 'linear' warms up over warmup_fraction of the steps,
+  # then decays linearly to 0 (BERT). 'slanted_triangular': ULMFiT's
+  # (Howard & Ruder, 2018, eq. 3): up for cut_frac of the steps, down for
+  # the rest, from and to learning_rate / ratio.
+  o.decay = 'linear'
+  o.warmup_fraction = 0.1
+  o.cut_frac = 0.1
+  o.ratio = 32.0
+  # ULMFiT's discriminative fine-tuning: layer l of L gets
+  # learning_rate * decay^(L - l); the embeddings (l = 0) the least, the top
+  # layer and the head the full rate. ULMFiT uses 1 / 2.6; 1.0 is off.
+  o.layer_lr_decay = 1.0
+  # ULMFiT's gradual unfreezing: only the head trains at first, then one
+  # more layer from the top every this many epochs (ULMFiT: 1.0); 0 is off.
+  o.gradual_unfreezing = 0.0
+  return o
 
-  c.mesh = ml_collections.ConfigDict()
-  c.mesh.data = -1
-  c.mesh.fsdp = 1
-  c.mesh.tensor = 1
-  c.mesh.dcn_data = 1  # slices the data axis spans, as in pretraining
 
-  c.checkpoint = ml_collections.ConfigDict()
-  c.checkpoint.every = 0  # steps; 0: at the end of each epoch
-  c.checkpoint.keep = 1
-  # Also keep the checkpoint with the best dev metric in workdir/best.
-  c.checkpoint.keep_best = True
-  c.checkpoint.async_save = True
-  # The latest checkpoint does not restore: 'fail' stops the run,
-  # 'previous' sets it aside and resumes from the one before (configlib).
-  c.checkpoint.on_corrupt = 'fail'
+def train_section() -> ml_collections.ConfigDict:
+  """The training loop's fields (configlib.run_train), in epochs."""
+  # train.seed seeds the head init, dropout and the per-epoch shuffles.
+  t = configlib.run_train()
+  t.log_every = 50
+  t.num_epochs = 3
+  # Unlike pretraining's (> 0): 0: num_epochs of steps; else stop after
+  # this many steps (quick runs).
+  t.num_steps = 0
+  t.eval_batch_size = 0  # 0: data.batch_size
+  # Unlike pretraining's (> 0): steps; 0: at the end of each epoch.
+  t.eval_every = 0
+  return t
 
+
+def checkpoint_section() -> ml_collections.ConfigDict:
+  """Retention and restore (configlib.run_checkpoint), and the best."""
+  c = configlib.run_checkpoint()  # keep, on_corrupt, async_save
+  c.keep = 1
+  # Unlike pretraining's (> 0): steps; 0: at the end of each epoch.
+  c.every = 0
+  # Unlike pretraining's keep_best (a count ranked by best_metric), a bool:
+  # also keep the checkpoint with the best dev metric in workdir/best.
+  c.keep_best = True
   return c
 
 
@@ -253,13 +266,26 @@ def check_config(config: ml_collections.ConfigDict, workdir: str = '') -> None:
   """Raises ValueError/FileNotFoundError naming the first bad field.
 
   Cheap: reads no data and builds nothing, so the CLI fails in seconds.
-  Long by design, as validate.check_config: one check per field.
   """
   for name in RENAMED:  # a config file may have set them (unlocked)
     section, field = name.split('.')
     _require(field not in config.get(section, {}), renamed(name))
-  init, task, opt = config.init, config.task, config.optimizer
+  validate.check_run(config)  # the fields pretraining shares, its messages
+  check_init(config.init, workdir)
+  task_head = check_task(config)
+  check_optimizer(config.optimizer)
+  check_distill(config.distill)
+  check_cvt(config, task_head)
   train = config.train
+  validate.check_cache_dir(train.compilation_cache_dir)
+  _require(train.num_epochs > 0, 'train.num_epochs must be > 0.')
+  for name in ('num_steps', 'eval_every', 'eval_batch_size'):
+    _require(train[name] >= 0, f'train.{name} must be >= 0.')
+  _require(config.checkpoint.every >= 0, 'checkpoint.every must be >= 0.')
+
+
+def check_init(init: ml_collections.ConfigDict, workdir: str) -> None:
+  """The init section: a pretraining workdir to start from, unless resuming."""
   resuming = workdir and tf.io.gfile.exists(
     os.path.join(workdir, 'init_config.json')
   )
@@ -285,19 +311,24 @@ def check_config(config: ml_collections.ConfigDict, workdir: str = '') -> None:
     init.reinit_top_layers >= 0,
     f'init.reinit_top_layers={init.reinit_top_layers} must be >= 0.',
   )
+
+
+def check_task(config: ml_collections.ConfigDict) -> str:
+  """The task and the head options it allows; returns the task's head."""
+  task, head = config.task, config.head
   _choice(task.name, 'task.name', tuple(TASKS))
-  if hasattr(TASKS[task.name], 'check_config'):
-    TASKS[task.name].check_config(task)
-  TASKS[task.name].num_labels(task)  # raises on an unknown GLUE task
+  module = TASKS[task.name]
+  if hasattr(module, 'check_config'):
+    module.check_config(task)
+  module.num_labels(task)  # raises on an unknown GLUE task
   _require(
-    not (config.head.siamese and config.head.text_to_text),
+    not (head.siamese and head.text_to_text),
     'head.siamese and head.text_to_text exclude each other.',
   )
   _require(
-    not (config.head.cove and config.head.text_to_text),
+    not (head.cove and head.text_to_text),
     'head.cove runs the encoder alone; head.text_to_text needs the decoder.',
   )
-  module = TASKS[task.name]
   task_head = module.head(task) if hasattr(module, 'head') else module.HEAD
   if task_head == 'lm':
     # The body's own LM head is the whole model: no sentence vector to
@@ -311,7 +342,7 @@ def check_config(config: ml_collections.ConfigDict, workdir: str = '') -> None:
       'cove',
     ):
       _require(
-        not config.head[name],
+        not head[name],
         f"head.{name}: task {task.name} generates text with the body's "
         'language-model head, which has no such option.',
       )
@@ -320,12 +351,16 @@ def check_config(config: ml_collections.ConfigDict, workdir: str = '') -> None:
       f'distill.teacher: task {task.name} cannot be distilled.',
     )
   _require(task.seq_len > 0, f'task.seq_len={task.seq_len} must be > 0.')
-  validate.check_cache_dir(train.compilation_cache_dir)
-  _choice(config.head.pooling, 'head.pooling', POOLINGS)
+  _choice(head.pooling, 'head.pooling', POOLINGS)
   _require(
-    0 <= config.head.dropout < 1,
-    f'head.dropout={config.head.dropout} must be in [0, 1).',
+    0 <= head.dropout < 1, f'head.dropout={head.dropout} must be in [0, 1).'
   )
+  return task_head
+
+
+def check_optimizer(opt: ml_collections.ConfigDict) -> None:
+  """The optimizer fields fine-tuning has and pretraining has not, and the
+  two whose valid values differ (name, decay)."""
   _choice(opt.name, 'optimizer.name', ('adamw',))
   _choice(opt.decay, 'optimizer.decay', SCHEDULES)
   _require(
@@ -341,7 +376,10 @@ def check_config(config: ml_collections.ConfigDict, workdir: str = '') -> None:
     opt.gradual_unfreezing >= 0,
     f'optimizer.gradual_unfreezing={opt.gradual_unfreezing} must be >= 0.',
   )
-  d = config.distill
+
+
+def check_distill(d: ml_collections.ConfigDict) -> None:
+  """The distill section: its weights, and a teacher that is a workdir."""
   _require(0 <= d.alpha <= 1, f'distill.alpha={d.alpha} must be in [0, 1].')
   _require(d.temperature > 0, 'distill.temperature must be > 0.')
   if d.teacher and not tf.io.gfile.exists(
@@ -351,24 +389,6 @@ def check_config(config: ml_collections.ConfigDict, workdir: str = '') -> None:
       f'distill.teacher={d.teacher!r} is not a fine-tuning workdir (no '
       'init_config.json in it).'
     )
-  check_cvt(config, task_head)
-  batch_size = config.data.batch_size
-  _require(batch_size > 0, 'data.batch_size must be > 0.')
-  validate.check_grad_accum(train.grad_accum_steps, batch_size)
-  _require(train.num_epochs > 0, 'train.num_epochs must be > 0.')
-  for name in ('num_steps', 'eval_every', 'exit_interval', 'eval_batch_size'):
-    _require(train[name] >= 0, f'train.{name} must be >= 0.')
-  _require(train.log_every > 0, 'train.log_every must be > 0.')
-  validate.check_monitoring(train)
-  _require(
-    train.max_consecutive_skips >= 0,
-    f'train.max_consecutive_skips={train.max_consecutive_skips} must be >= 0 '
-    '(0: never stop).',
-  )
-  _require(config.checkpoint.every >= 0, 'checkpoint.every must be >= 0.')
-  _choice(
-    config.checkpoint.on_corrupt, 'checkpoint.on_corrupt', configlib.ON_CORRUPT
-  )
 
 
 def cvt_views(config: ml_collections.ConfigDict) -> tuple[str, ...]:
