@@ -135,14 +135,40 @@ class GenerateMixin(core.Core):
     step = family.step_fn(self.model.cfg, params)
     return decoding.restrict_vocab(step, self._output_ids())
 
-  def _decoder_generate_fn(self, max_new_tokens, eos_id, sampling):
-    cfg = self.model.cfg
+  def _decoding_start(self, params, inputs, max_new_tokens):
+    """Where the search starts: the cache, the first ids fed, their position.
 
-    def run(params, prompt_BT, rng):
-      T = prompt_BT.shape[1]
-      cache = decoder.prefill(cfg, params, prompt_BT, T + max_new_tokens)
-      # Continue from the prompt's last token, at position T - 1.
-      start = (self._step_fn(params), cache, prompt_BT[:, -1], T - 1)
+    A decoder's `inputs` are its prompts' ids [B, T], prefilled: it
+    continues from the prompt's last token, at position T - 1. An
+    encoder-decoder's are its encoder batch: its decoder's rows start with
+    [CLS] (span_corruption, denoising) at position 0.
+    """
+    cfg = self.model.cfg
+    if self.family == 'decoder':
+      T = inputs.shape[1]
+      cache = decoder.prefill(cfg, params, inputs, T + max_new_tokens)
+      return cache, inputs[:, -1], T - 1
+    cache = encoder_decoder_lib.start_decoding(
+      cfg, params, inputs, max_new_tokens
+    )
+    rows = inputs['encoder_input_ids'].shape[0]
+    return cache, jnp.full((rows,), self.tokenizer.cls_id, jnp.int32), 0
+
+  def _generate_fn(self, max_new_tokens, eos_id, sampling):
+    """run(params, inputs, rng): int32[B, max_new_tokens], to be jitted.
+
+    `inputs` as _decoding_start takes them; beam search when
+    sampling['num_beams'] > 1, else sampling (greedy at temperature 0).
+    """
+    # A decoder's beams end in [PAD]; an encoder-decoder's in id 0
+    # (beam_search's default).
+    beam_pad_id = self.tokenizer.pad_id if self.family == 'decoder' else 0
+
+    def run(params, inputs, rng):
+      cache, first_B, index = self._decoding_start(
+        params, inputs, max_new_tokens
+      )
+      start = (self._step_fn(params), cache, first_B, index)
       if sampling['num_beams'] > 1:
         ids_BWT, _ = decoding.beam_search(
           *start,
@@ -150,7 +176,7 @@ class GenerateMixin(core.Core):
           beam_size=sampling['num_beams'],
           eos_id=eos_id,
           alpha=sampling['length_penalty'],
-          pad_id=self.tokenizer.pad_id,
+          pad_id=beam_pad_id,
         )
         return ids_BWT[:, 0]
       return decoding.sample(
@@ -161,38 +187,6 @@ class GenerateMixin(core.Core):
         top_k=sampling['top_k'],
         top_p=sampling['top_p'],
         eos_id=None if eos_id < 0 else eos_id,
-      )
-
-    return run
-
-  def _seq2seq_generate_fn(self, max_new_tokens, eos_id, sampling):
-    cfg = self.model.cfg
-
-    def run(params, batch, rng):
-      cache = encoder_decoder_lib.start_decoding(
-        cfg, params, batch, max_new_tokens
-      )
-      rows = batch['encoder_input_ids'].shape[0]
-      # The decoder's rows start with [CLS] (span_corruption, denoising).
-      first_B = jnp.full((rows,), self.tokenizer.cls_id, jnp.int32)
-      start = (self._step_fn(params), cache, first_B, 0)
-      if sampling['num_beams'] > 1:
-        ids_BWT, _ = decoding.beam_search(
-          *start,
-          num_steps=max_new_tokens,
-          beam_size=sampling['num_beams'],
-          eos_id=eos_id,
-          alpha=sampling['length_penalty'],
-        )
-        return ids_BWT[:, 0]
-      return decoding.sample(
-        *start,
-        num_steps=max_new_tokens,
-        rng=rng,
-        temperature=sampling['temperature'],
-        top_k=sampling['top_k'],
-        top_p=sampling['top_p'],
-        eos_id=eos_id,
       )
 
     return run
@@ -353,15 +347,11 @@ class GenerateMixin(core.Core):
     eos_id = self.tokenizer.sep_id if stop_at_eos or num_beams > 1 else -1
     key = ('generate', max_new_tokens, eos_id, tuple(sorted(sampling.items())))
     rng = jax.random.key(seed)
-    if self.family == 'decoder':
-      fn = self._jit(
-        key,
-        lambda: self._decoder_generate_fn(max_new_tokens, eos_id, sampling),
-      )
-      return self._decoder_ids(fn, rows, max_new_tokens, rng, batch_size)
     fn = self._jit(
-      key, lambda: self._seq2seq_generate_fn(max_new_tokens, eos_id, sampling)
+      key, lambda: self._generate_fn(max_new_tokens, eos_id, sampling)
     )
+    if self.family == 'decoder':
+      return self._decoder_ids(fn, rows, max_new_tokens, rng, batch_size)
     return self._seq2seq_ids(fn, rows, max_new_tokens, rng, batch_size)
 
   def _calls(self, indices: list[int], batch_size: int):
