@@ -41,25 +41,15 @@ FAMILIES = {
   'albert': ('albert', '', {'num_layers': 2}),
   'bert_scan': ('bert', '', {'num_layers': 2, 'scan_layers': True}),
 }
-# Wide enough that norms, activations, dropout and the optimizer (which
-# model FLOPs leave out by convention) are a few percent of the total.
+# Wide enough, with rows long enough and no dropout, that the work XLA
+# counts besides the matmuls (norms, softmax, activations, Adam; model
+# FLOPs leave it out by convention) is a small, steady share of the step:
+# 1.6-2.6% in every family (measured), while attention's score and value
+# products are 9-14% of it.
 WIDTH = {'emb_dim': 256, 'num_heads': 4, 'head_dim': 64, 'mlp_dim': 1024}
-
-
-def dot_general_flops(lowered: jax.stages.Lowered) -> float:
-  """2 x output size x contracted size, summed over the StableHLO dots."""
-  total = 0
-  for line in lowered.as_text().splitlines():
-    if 'stablehlo.dot_general' not in line:
-      continue
-    lhs, _, out = (
-      [int(d) for d in t.split('x')[:-1]]
-      for t in re.findall(r'tensor<([0-9x]+x[a-z0-9]+)>', line)[-3:]
-    )
-    contracting = re.search(r'contracting_dims = \[([0-9, ]*)\] x', line)
-    k = np.prod([lhs[int(i)] for i in contracting.group(1).split(',')])
-    total += 2 * int(np.prod(out)) * int(k)
-  return float(total)
+SEQ_LEN = 256
+# The most the element-wise work may add to the matmuls' count.
+ELEMENTWISE = 0.04
 
 
 def one_device(c):
@@ -74,27 +64,45 @@ def tokenizer(tokenizer_path):
 
 
 @pytest.mark.parametrize('family', FAMILIES)
-def test_model_flops_are_the_compiled_steps_flops(family, tokenizer):
+def test_model_flops_are_the_compiled_steps_flops(
+  family, tokenizer, monkeypatch
+):
   name, arg, overrides = FAMILIES[family]
   c = load_config(name, 'size=tiny' + arg)
   c.model.update(WIDTH, **overrides)
   c.model.vocab_size = 1024
-  c.data.batch_size, c.data.seq_len = 2, 64
+  c.model.max_len = max(c.model.max_len, SEQ_LEN)
+  c.model.dropout_rate = c.model.attention_dropout_rate = 0.0
+  c.data.batch_size, c.data.seq_len = 2, SEQ_LEN
   c.mesh.data = 1
   shapes = {
     k: jax.ShapeDtypeStruct((c.data.batch_size, *s), np.dtype(d))
     for k, (s, d) in hf.batch_spec(c, tokenizer).items()
   }
   lowered = train.lower_train_step(c, one_device(c), shapes)
-  model_flops = MODELS[c.model.family].train_flops(
-    ModelConfig.from_config(c.model), {k: v.shape for k, v in shapes.items()}
-  )
-  # Exactly the matmuls the step traces, forward and backward ...
-  assert dot_general_flops(lowered) == pytest.approx(model_flops, rel=1e-3)
-  # ... and within 10% of all XLA counts after optimising (the rest is
-  # element-wise work: norms, activations, dropout masks, Adam).
+
+  def model_flops():
+    return MODELS[c.model.family].train_flops(
+      ModelConfig.from_config(c.model),
+      {k: v.shape for k, v in shapes.items()},
+    )
+
+  # XLA's cost analysis of the step as traced, forward and backward:
+  # 2 x output size x contracted size for each matmul, plus one per
+  # element of each element-wise op. So at least the model FLOPs, and
+  # above them by no more than the element-wise work ...
+  flops = model_flops()
+  cost = lowered.cost_analysis()
+  traced = float((cost[0] if isinstance(cost, list | tuple) else cost)['flops'])
+  assert flops <= traced <= (1 + ELEMENTWISE) * flops, traced / flops
+  # ... and likewise after XLA's optimisations, which may also drop a
+  # little of the traced work (XLNet's step: 0.6% below the model FLOPs).
   xla = timing.xla_flops(lowered.compile())
-  assert model_flops <= xla <= 1.10 * model_flops
+  assert 0.98 * flops <= xla <= (1 + ELEMENTWISE) * flops, xla / flops
+  # The band is narrower than attention's products: a count that left
+  # them out (or was off by 2x) would fall outside it.
+  monkeypatch.setattr(transformer, 'attended_keys', lambda *a: 0.0)
+  assert traced > (1 + ELEMENTWISE) * model_flops()
 
 
 def test_cudnn_causal_attention_counts_the_keys_its_mask_keeps():
