@@ -22,7 +22,7 @@ data.source writes shard i of 'train' and, where there is no eval source,
 shard i of 'eval' with every data.eval_holdout_every-th document of the
 range (counted within the range). Where data.eval_source is set, its
 ranges write the 'eval' shards and data.source's write no eval shard. A
-shard's rows are `pipeline.pack` over its range's documents, exactly as the
+shard's rows are `packing.pack` over its range's documents, exactly as the
 raw-text pipeline packs them, written one by one as they are made.
 (Ranges and their documents: pretrain_lm.data.ranges; a range's shards
 and sidecar: pretrain_lm.data.shards; this module is the driver.)
@@ -67,9 +67,10 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from pretrain_lm.data import (
   fingerprint,
-  pipeline,
+  packing,
   ranges,
   records,
+  rows,
   shards,
   sources,
 )
@@ -224,7 +225,7 @@ def _check_config(config: ml_collections.ConfigDict) -> None:
   checks = [
     ('doc_format', d.doc_format, sources.DOC_FORMATS),
     ('bad_input', d.bad_input, sources.BAD_INPUT_POLICIES),
-    ('packing', d.packing, pipeline.PACKINGS),
+    ('packing', d.packing, packing.PACKINGS),
   ]
   for field, value, valid in checks:
     if value not in valid:
@@ -289,7 +290,7 @@ class _Progress:
 def prepare(
   config: ml_collections.ConfigDict,
   output: str,
-  objective: pipeline.RowTransform,
+  objective: rows.RowTransform,
   *,
   range_mb: float = 128,
   tfds_pieces: int = 16,
@@ -316,21 +317,9 @@ def prepare(
   tf.io.gfile.makedirs(os.path.join(output, shards.STATS_DIR))
   source = _source_fields(config, range_mb, tfds_pieces)
 
-  def header(tokenizer):
-    """The manifest's fields but its counts and key, with `tokenizer`."""
-    return {
-      'format': records.FORMAT,
-      'version': records.VERSION,
-      'row_length': row_len,
-      'seq_len': d.seq_len,
-      'packing': d.packing,
-      'objective': config.objective.name,
-      'tokenizer': tokenizer,
-      'source': source,
-    }
-
   def fields_for(tok_sha):
-    return key_fields(header({'sha256': tok_sha or '(to be trained)'}))
+    tokenizer = {'sha256': tok_sha or '(to be trained)'}
+    return key_fields(_header(config, row_len, source, tokenizer))
 
   # Before the tokenizer is resolved: a differing OUTPUT/tokenizer.model
   # must not be silently kept (setup_tokenizer would reuse it).
@@ -340,6 +329,63 @@ def prepare(
   if old is not None:
     print(f'{output} is already prepared with this key ({old["key"]}).')
     return old
+  _check_unfinished_tokenizer(d, output, overwrite)
+  tok = tokenizer_lib.setup_tokenizer(
+    d,
+    vocab_size=config.model.vocab_size,
+    workdir=output,
+    reserved_ids=objective.reserved_ids,
+  )
+  meta = records.tokenizer_meta(tok)
+  fields = fields_for(meta['sha256'])
+  all_ranges = _keyed_ranges(d, fields, range_mb, tfds_pieces)
+  todo = _ranges_to_write(output, all_ranges)
+  settings = _settings(config, row_len, meta['sha256'])
+  started = time.time()
+  if todo:
+    _write_ranges(output, todo, settings, beam_options, progress)
+  seconds = time.time() - started
+  kept = ('sha256', 'vocab_size', 'special_ids')
+  tokenizer = {'file': records.TOKENIZER_FILE, **{k: meta[k] for k in kept}}
+  manifest = _manifest(
+    _header(config, row_len, source, tokenizer),
+    output,
+    all_ranges,
+    key=_sha256_json(fields)[:16],
+  )
+  if not manifest['splits']['train']['rows']:
+    raise ValueError(
+      f'data.source={d.source!r} gave no training rows (bad input skipped: '
+      f'{sources.count_summary(manifest["bad_input_counts"])}).'
+    )
+  manifest['created'] = time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())
+  records.write_json_atomic(os.path.join(output, records.MANIFEST), manifest)
+  _remove_leftovers(output)
+  _print_summary(output, manifest, todo, seconds)
+  return manifest
+
+
+def _header(
+  config: ml_collections.ConfigDict,
+  row_len: int,
+  source: dict[str, Any],
+  tokenizer: dict[str, Any],
+) -> dict[str, Any]:
+  """The manifest's fields but its counts and key, with `tokenizer`."""
+  return {
+    'format': records.FORMAT,
+    'version': records.VERSION,
+    'row_length': row_len,
+    'seq_len': config.data.seq_len,
+    'packing': config.data.packing,
+    'objective': config.objective.name,
+    'tokenizer': tokenizer,
+    'source': source,
+  }
+
+
+def _check_unfinished_tokenizer(d, output: str, overwrite: bool) -> None:
+  """An unfinished preparation's tokenizer must be data.tokenizer's."""
   existing = os.path.join(output, records.TOKENIZER_FILE)
   if (
     d.tokenizer
@@ -353,18 +399,22 @@ def prepare(
       )
     print(f'--overwrite: rm {existing}')
     tf.io.gfile.remove(existing)
-  tok = tokenizer_lib.setup_tokenizer(
-    d,
-    vocab_size=config.model.vocab_size,
-    workdir=output,
-    reserved_ids=objective.reserved_ids,
-  )
-  meta = records.tokenizer_meta(tok)
-  fields = fields_for(meta['sha256'])
-  key = _sha256_json(fields)[:16]
+
+
+def _keyed_ranges(
+  d, fields: dict[str, Any], range_mb: float, tfds_pieces: int
+) -> list[dict[str, Any]]:
+  """The input ranges, each keyed by the preparation's fields and itself."""
   all_ranges = ranges.make_ranges(d, range_mb, tfds_pieces)
   for r in all_ranges:
     r['key'] = _sha256_json({'fields': fields, 'range': r})[:16]
+  return all_ranges
+
+
+def _ranges_to_write(
+  output: str, all_ranges: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+  """The ranges without finished shards of their key in `output`."""
   todo, stale = [], []
   for r in all_ranges:
     if not shards.range_done(output, r):
@@ -378,29 +428,37 @@ def prepare(
       f'Rewriting {len(stale)} range(s) an unfinished preparation with '
       f'other settings left (e.g. {stale[0]}).'
     )
-  settings = _settings(config, row_len, meta['sha256'])
-  started = time.time()
-  if todo:
-    options = PipelineOptions(
-      [*DEFAULT_BEAM_OPTIONS, *shlex.split(beam_options)]
+  return todo
+
+
+def _write_ranges(
+  output: str,
+  todo: list[dict[str, Any]],
+  settings: dict[str, Any],
+  beam_options: str,
+  progress: bool,
+) -> None:
+  """The Beam graph: spread the ranges over workers, each writes its shards."""
+  options = PipelineOptions([*DEFAULT_BEAM_OPTIONS, *shlex.split(beam_options)])
+  with _Progress(output, todo, progress), beam.Pipeline(options=options) as p:
+    _ = (
+      p
+      | 'Ranges' >> beam.Create(todo)
+      | 'Spread' >> beam.Reshuffle()
+      | 'Write' >> beam.ParDo(WriteShardFn(output, settings))
     )
-    with _Progress(output, todo, progress), beam.Pipeline(options=options) as p:
-      _ = (
-        p
-        | 'Ranges' >> beam.Create(todo)
-        | 'Spread' >> beam.Reshuffle()
-        | 'Write' >> beam.ParDo(WriteShardFn(output, settings))
-      )
-  seconds = time.time() - started
+
+
+def _manifest(
+  header: dict[str, Any],
+  output: str,
+  all_ranges: list[dict[str, Any]],
+  *,
+  key: str,
+) -> dict[str, Any]:
+  """The manifest: `header` and the counts and shards of every range."""
   manifest = {
-    **header(
-      {
-        'file': records.TOKENIZER_FILE,
-        'sha256': meta['sha256'],
-        'vocab_size': meta['vocab_size'],
-        'special_ids': meta['special_ids'],
-      }
-    ),
+    **header,
     'bad_input_counts': dict.fromkeys(sources.BAD_INPUT, 0),
     'splits': {
       s: {'rows': 0, 'tokens': 0, 'documents': 0, 'shards': []}
@@ -422,14 +480,12 @@ def prepare(
       for k in ('rows', 'tokens', 'documents'):
         total[k] += shard[k]
       total['shards'].append({**shard, 'input': stats['input']})
-  if not manifest['splits']['train']['rows']:
-    raise ValueError(
-      f'data.source={d.source!r} gave no training rows (bad input skipped: '
-      f'{sources.count_summary(manifest["bad_input_counts"])}).'
-    )
-  manifest['created'] = time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())
-  records.write_json_atomic(os.path.join(output, records.MANIFEST), manifest)
-  # Left by interrupted runs; nothing writes them now the pipeline is done.
+  return manifest
+
+
+def _remove_leftovers(output: str) -> None:
+  """Removes the temporary files interrupted runs left in `output`."""
+  # Left by interrupted runs; nothing writes them once the pipeline is done.
   leftovers = tf.io.gfile.glob(os.path.join(output, f'*{shards.TMP}*'))
   # records.write_json_atomic's, of sidecars.
   leftovers += tf.io.gfile.glob(
@@ -438,6 +494,15 @@ def prepare(
   for path in leftovers:
     print(f'Removing {path}, left by an interrupted run.')
     tf.io.gfile.remove(path)
+
+
+def _print_summary(
+  output: str,
+  manifest: dict[str, Any],
+  todo: list[dict[str, Any]],
+  seconds: float,
+) -> None:
+  """One line: the input written, its speed and the rows made."""
   mb = sum(r['bytes'] for r in todo) / 1e6
   train = manifest['splits']['train']
   print(
@@ -446,7 +511,6 @@ def prepare(
     f'{train["tokens"]} tokens; eval {manifest["splits"]["eval"]["rows"]} '
     'rows.'
   )
-  return manifest
 
 
 def _define_flags():

@@ -463,7 +463,7 @@ def dataset(
   Args:
     stream: the run's corpora and order.
     row_length: the corpora's row length.
-    features: packed ids [N, L] -> the row dicts pipeline.pack gives.
+    features: packed ids [N, L] -> the row dicts packing.pack gives.
     transform: (row, seed, partner=None) -> the objective's features.
     batch_size: the global batch.
     start_batch: the first global batch (the step to resume at).
@@ -476,6 +476,52 @@ def dataset(
     shuffled: False reads rows in stored order (eval), one epoch at most.
   """
   per_host = batch_size // process_count
+  ds = _host_rows(
+    stream,
+    row_length=row_length,
+    features=features,
+    batch_size=batch_size,
+    start_batch=start_batch,
+    process_index=process_index,
+    process_count=process_count,
+    partnered=partnered,
+    num_batches=num_batches,
+    shuffled=shuffled,
+  )
+
+  def apply(example):
+    seed = row_seed(stream.seed, example['k'], example['n'])
+    if partnered:
+      return transform(example['row'], seed, partner=example['partner'])
+    return transform(example['row'], seed)
+
+  ds = ds.map(no_autograph(apply), num_parallel_calls=_AUTOTUNE)
+  ds = ds.batch(per_host, drop_remainder=True).prefetch(_AUTOTUNE)
+  options = tf.data.Options()
+  # Order must never depend on thread timing: a batch is a function of its
+  # step.
+  options.deterministic = True
+  return ds.with_options(options)
+
+
+def _host_rows(
+  stream: Stream,
+  *,
+  row_length: int,
+  features: Callable[[tf.Tensor], dict[str, tf.Tensor]],
+  batch_size: int,
+  start_batch: int,
+  process_index: int,
+  process_count: int,
+  partnered: bool,
+  num_batches: int | None,
+  shuffled: bool,
+) -> tf.data.Dataset:
+  """This host's rows from `start_batch` on, read by index (see dataset).
+
+  Each row comes as {k: its source, n: its index in that source's stream,
+  row: its features[, partner: the partner row's features]}.
+  """
   steps = tf.data.Dataset.range(start_batch, (1 << 62))
   if num_batches is not None:
     steps = steps.take(num_batches)
@@ -510,18 +556,4 @@ def dataset(
     return out
 
   ds = steps.map(no_autograph(host_batch), num_parallel_calls=_AUTOTUNE)
-  ds = ds.unbatch()
-
-  def apply(example):
-    seed = row_seed(stream.seed, example['k'], example['n'])
-    if partnered:
-      return transform(example['row'], seed, partner=example['partner'])
-    return transform(example['row'], seed)
-
-  ds = ds.map(no_autograph(apply), num_parallel_calls=_AUTOTUNE)
-  ds = ds.batch(per_host, drop_remainder=True).prefetch(_AUTOTUNE)
-  options = tf.data.Options()
-  # Order must never depend on thread timing: a batch is a function of its
-  # step.
-  options.deterministic = True
-  return ds.with_options(options)
+  return ds.unbatch()
