@@ -3,7 +3,8 @@ the kernels agree, and each keeps its own promises.
 
 The einsum kernel against jax.nn's XLA kernel on causal, padded and biased
 attention, outputs and gradients; its attention dropout's rate and scale;
-the cuDNN path's mask handling, lowered here for a GPU.
+the cuDNN path's mask handling, lowered here for a GPU, and on a GPU its
+outputs and gradients against the einsum kernel's.
 """
 
 import dataclasses
@@ -21,32 +22,35 @@ from pretrain_lm.models.kernels import cudnn, einsum
 B, L, H, K = 2, 8, 2, 4
 
 
-def qkv(seed=0):
+def qkv(seed=0, shape=(B, L, H, K)):
   keys = jax.random.split(jax.random.key(seed), 3)
-  return tuple(jax.random.normal(k, (B, L, H, K)) for k in keys)
+  return tuple(jax.random.normal(k, shape) for k in keys)
 
 
-def causal_case():
-  # Two packed documents in row 0, one in row 1: causal within each.
-  segments = np.array([[1, 1, 1, 2, 2, 2, 2, 2], [1] * 8])
+def causal_case(length=L):
+  # Two packed documents in row 0 (the first 3/8 of it, then the rest),
+  # one in row 1: causal within each.
+  segments = np.ones((B, length), int)
+  segments[0, 3 * length // 8 :] = 2
   same = segments[:, :, None] == segments[:, None, :]
-  mask = same & np.tril(np.ones((L, L), bool))
-  return jnp.asarray(mask[:, None]), None, True, np.ones((B, L), bool)
+  mask = same & np.tril(np.ones((length, length), bool))
+  return jnp.asarray(mask[:, None]), None, True, np.ones((B, length), bool)
 
 
-def padded_case():
-  # Row 1 is three tokens and padding: no query sees a pad key, and the
-  # pad queries (which see no key at all) are left out of the comparison.
-  real = np.ones((B, L), bool)
-  real[1, 3:] = False
+def padded_case(length=L):
+  # Row 1 is 3/8 tokens and the rest padding: no query sees a pad key, and
+  # the pad queries (which see no key at all) are left out of the
+  # comparison.
+  real = np.ones((B, length), bool)
+  real[1, 3 * length // 8 :] = False
   mask = real[:, None, :] & real[:, :, None]
   return jnp.asarray(mask[:, None]), None, False, real
 
 
-def biased_case():
+def biased_case(length=L):
   # A learned per-head bias (T5's relative bias) on top of padding.
-  mask, _, _, real = padded_case()
-  bias = jax.random.normal(jax.random.key(9), (B, H, L, L))
+  mask, _, _, real = padded_case(length)
+  bias = jax.random.normal(jax.random.key(9), (B, H, length, length))
   return mask, bias, False, real
 
 
@@ -197,7 +201,13 @@ def test_attention_dropout_drops_probabilities_at_the_rate_and_rescales(rate):
 
 def cudnn_calls(bias, causal):
   """The cuDNN attention custom calls (name, result count, mask type) in
-  the gradient of the cuDNN kernel, lowered here for a GPU."""
+  the gradient of the cuDNN kernel, lowered here for a GPU.
+
+  This reads the lowered program on purpose: which kernel runs is the
+  behaviour under test, and CI has no GPU to run it on
+  (test_cudnn_and_einsum_kernels_agree_on_a_gpu checks its numbers on
+  one). Lowering for 'cuda' is the one check of it a CPU can make.
+  """
   B, L, H, K = 2, 8, 2, 8
   q = jnp.ones((B, L, H, K), jnp.bfloat16)
   mask = jnp.tril(jnp.ones((L, L), bool))[None, None].repeat(B, 0)
@@ -244,3 +254,53 @@ def test_cudnn_computes_no_gradient_for_a_mask(causal):
     (bwd, 4, mask_type),
   ]
   assert cudnn_calls(True, causal) == [(fwd, 3, mask_type), (bwd, 5, mask_type)]
+
+
+@pytest.mark.skipif(jax.default_backend() != 'gpu', reason='cuDNN needs a GPU')
+@pytest.mark.parametrize('case', CASES)
+def test_cudnn_and_einsum_kernels_agree_on_a_gpu(case):
+  # cuDNN's fused kernel takes half precision and head dims that are a
+  # multiple of 8: bfloat16 rows of 128, heads of 64. The reference is the
+  # einsum kernel in float32 on the same bfloat16 inputs.
+  length = 128
+  mask, bias, causal, real = CASES[case](length)
+  cotangent = jax.random.normal(jax.random.key(5), (B, length, H, 64))
+  cotangent = cotangent * real[:, :, None, None]
+  q, k, v = (x.astype(jnp.bfloat16) for x in qkv(shape=(B, length, H, 64)))
+  bias = None if bias is None else bias.astype(jnp.bfloat16)
+  argnums = (0, 1, 2, 3) if bias is not None else (0, 1, 2)
+
+  def grads(impl, dtype):
+    def loss(q, k, v, bias):
+      out = kernels.attention(
+        impl,
+        q.astype(dtype),
+        k.astype(dtype),
+        v.astype(dtype),
+        bias_BHLS=None if bias is None else bias.astype(dtype),
+        mask_B1LS=mask,
+        scale=0.125,
+        causal=causal,
+        dropout=None,
+      ).astype(jnp.float32)
+      return jnp.sum(out * cotangent), out
+
+    return jax.jit(jax.grad(loss, argnums, has_aux=True))(q, k, v, bias)
+
+  want_grads, want = grads('einsum', jnp.float32)
+  got_grads, got = grads('cudnn', jnp.bfloat16)
+  # bfloat16 keeps 8 bits: errors of a few units in the last place of the
+  # largest value. Pad queries see no key and are left out, as are the
+  # gradients at their rows.
+  np.testing.assert_allclose(got[real], want[real], rtol=0, atol=2e-2)
+  names = ['dq', 'dk', 'dv', 'dbias']
+  for name, g, w in zip(names, got_grads, want_grads, strict=False):
+    g, w = np.asarray(g, np.float32), np.asarray(w, np.float32)
+    if name != 'dbias':
+      g, w = g[real], w[real]
+    else:  # [B, H, L, S]: the rows of real queries, the real keys
+      keep = real[:, None, :, None] & real[:, None, None, :]
+      keep = np.broadcast_to(keep, g.shape)
+      g, w = g[keep], w[keep]
+    scale = np.abs(w).max()
+    np.testing.assert_allclose(g, w, rtol=0, atol=2e-2 * scale, err_msg=name)
