@@ -79,45 +79,7 @@ def loss_fn(
   def fn(outputs, batch):
     if 'cvt_weight' in batch:  # an unlabelled batch of cross-view training
       return cvt_loss(outputs, batch)
-    metrics = {}
-    if head == 'classification':
-      logits = outputs['logits']
-      if text_to_text:
-        gold = -jnp.take_along_axis(logits, batch['label'][:, None], -1)[:, 0]
-      else:
-        gold = cross_entropy(logits, batch['label'])
-      weight = jnp.ones_like(gold)
-      correct = jnp.argmax(logits, -1) == batch['label']
-      metrics['accuracy'] = jnp.mean(correct.astype(jnp.float32))
-    elif head == 'regression':
-      gold = jnp.square(outputs['logits'] - batch['label'])
-      weight = jnp.ones_like(gold)
-    elif head == 'span':
-      gold = 0.5 * (
-        cross_entropy(outputs['start_logits'], batch['start_position'])
-        + cross_entropy(outputs['end_logits'], batch['end_position'])
-      )
-      weight = jnp.ones_like(gold)
-    elif head == 'lm':
-      # Token-level cross-entropy over the target tokens alone, averaged
-      # over the batch's target tokens (T5's loss normalisation by tokens).
-      labels = batch['target_ids']
-      gold = cross_entropy(outputs['logits'], labels)
-      weight = batch['target_mask'].astype(jnp.float32)
-      correct = jnp.argmax(outputs['logits'], -1) == labels
-      metrics['accuracy'] = jnp.sum(correct * weight) / jnp.maximum(
-        jnp.sum(weight), 1.0
-      )
-    elif head == 'token':
-      labels = batch['token_labels']
-      gold = cross_entropy(outputs['token_logits'], labels)
-      weight = (labels >= 0).astype(jnp.float32)
-      correct = jnp.argmax(outputs['token_logits'], -1) == labels
-      metrics['accuracy'] = jnp.sum(correct * weight) / jnp.maximum(
-        jnp.sum(weight), 1.0
-      )
-    else:
-      raise ValueError(f'Unknown head {head!r}.')
+    gold, weight, metrics = gold_loss(head, outputs, batch, text_to_text)
     # What the means below average over (rows, or the token head's
     # labelled tokens): training.step.accumulate_gradients weights each
     # microbatch by it, so a split batch's loss is the whole batch's.
@@ -127,13 +89,7 @@ def loss_fn(
       loss = mean(gold)
       return loss, dict(metrics, loss=loss)
 
-    teacher = {k: batch[TEACHER_PREFIX + k] for k in OUTPUT_KEYS[head]}
-    if head == 'regression':
-      soft = jnp.square(outputs['logits'] - teacher['logits'])
-    else:
-      soft = sum(
-        distill_kl(teacher[k], outputs[k], temperature) for k in teacher
-      ) / len(teacher)
+    soft = distill_loss(head, outputs, batch, temperature)
     loss = alpha * mean(soft)
     if alpha < 1:
       loss = loss + (1 - alpha) * mean(gold)
@@ -145,6 +101,65 @@ def loss_fn(
     return loss, metrics
 
   return fn
+
+
+def gold_loss(
+  head: str, outputs, batch, text_to_text: bool = False
+) -> tuple[jax.Array, jax.Array, dict[str, jax.Array]]:
+  """A head's loss against the gold labels: per row (or per token), the
+  weight of each, and the head's accuracy where it has one."""
+  metrics = {}
+  if head == 'classification':
+    logits = outputs['logits']
+    if text_to_text:
+      gold = -jnp.take_along_axis(logits, batch['label'][:, None], -1)[:, 0]
+    else:
+      gold = cross_entropy(logits, batch['label'])
+    weight = jnp.ones_like(gold)
+    correct = jnp.argmax(logits, -1) == batch['label']
+    metrics['accuracy'] = jnp.mean(correct.astype(jnp.float32))
+  elif head == 'regression':
+    gold = jnp.square(outputs['logits'] - batch['label'])
+    weight = jnp.ones_like(gold)
+  elif head == 'span':
+    gold = 0.5 * (
+      cross_entropy(outputs['start_logits'], batch['start_position'])
+      + cross_entropy(outputs['end_logits'], batch['end_position'])
+    )
+    weight = jnp.ones_like(gold)
+  elif head == 'lm':
+    # Token-level cross-entropy over the target tokens alone, averaged
+    # over the batch's target tokens (T5's loss normalisation by tokens).
+    labels = batch['target_ids']
+    gold = cross_entropy(outputs['logits'], labels)
+    weight = batch['target_mask'].astype(jnp.float32)
+    correct = jnp.argmax(outputs['logits'], -1) == labels
+    metrics['accuracy'] = jnp.sum(correct * weight) / jnp.maximum(
+      jnp.sum(weight), 1.0
+    )
+  elif head == 'token':
+    labels = batch['token_labels']
+    gold = cross_entropy(outputs['token_logits'], labels)
+    weight = (labels >= 0).astype(jnp.float32)
+    correct = jnp.argmax(outputs['token_logits'], -1) == labels
+    metrics['accuracy'] = jnp.sum(correct * weight) / jnp.maximum(
+      jnp.sum(weight), 1.0
+    )
+  else:
+    raise ValueError(f'Unknown head {head!r}.')
+  return gold, weight, metrics
+
+
+def distill_loss(head: str, outputs, batch, temperature: float) -> jax.Array:
+  """Per row (or token), the distance to the teacher's outputs in the batch
+  (teacher_<output>): the squared error of a regression score, else the
+  temperature-scaled KL, averaged over the head's outputs."""
+  teacher = {k: batch[TEACHER_PREFIX + k] for k in OUTPUT_KEYS[head]}
+  if head == 'regression':
+    return jnp.square(outputs['logits'] - teacher['logits'])
+  return sum(
+    distill_kl(teacher[k], outputs[k], temperature) for k in teacher
+  ) / len(teacher)
 
 
 def cvt_loss(outputs, batch) -> tuple[jax.Array, dict[str, jax.Array]]:
