@@ -14,6 +14,7 @@ tag_scheme ['': as in the files; 'iob2' or 'iob1' converts on reading].
 """
 
 import collections
+import dataclasses
 import os
 
 import numpy as np
@@ -300,16 +301,16 @@ def conlleval(
   percent, the counts 'found_correct', 'found_guessed', 'correct_chunks',
   and per chunk type '<type>_precision', '<type>_recall', '<type>_f1'.
   """
+  return _chunk_scores(_count_chunks(_tag_lines(gold, guessed)))
+
+
+def _tag_lines(
+  gold: list[list[str]], guessed: list[list[str]]
+) -> list[tuple[str, str] | None]:
+  """The (gold, guessed) tag of each token, and None after every sentence,
+  as conlleval reads a blank line."""
   if len(gold) != len(guessed):
     raise ValueError(f'{len(gold)} gold but {len(guessed)} guessed sentences.')
-  correct_chunks, found_correct, found_guessed = (
-    collections.Counter() for _ in range(3)
-  )
-  correct_tags = tokens = 0
-  in_correct = False
-  last_correct, last_correct_type = 'O', ''
-  last_guessed, last_guessed_type = 'O', ''
-  # A boundary (O, O) after every sentence, as conlleval reads a blank line.
   lines = []
   for i, (gold_tags, guessed_tags) in enumerate(
     zip(gold, guessed, strict=True)
@@ -321,6 +322,29 @@ def conlleval(
       )
     lines.extend(zip(gold_tags, guessed_tags, strict=True))
     lines.append(None)
+  return lines
+
+
+@dataclasses.dataclass
+class _Counts:
+  """conlleval's counters: chunks by type, and tokens."""
+
+  correct_chunks: collections.Counter
+  found_correct: collections.Counter
+  found_guessed: collections.Counter
+  correct_tags: int
+  tokens: int
+
+
+def _count_chunks(lines: list[tuple[str, str] | None]) -> _Counts:
+  """conlleval's main loop over its lines (None: a boundary, read as O O)."""
+  correct_chunks, found_correct, found_guessed = (
+    collections.Counter() for _ in range(3)
+  )
+  correct_tags = tokens = 0
+  in_correct = False
+  last_correct, last_correct_type = 'O', ''
+  last_guessed, last_guessed_type = 'O', ''
   for line in lines:
     boundary = line is None
     correct, correct_type = _split_tag('O' if boundary else line[0])
@@ -356,6 +380,13 @@ def conlleval(
     last_guessed, last_guessed_type = guess, guessed_type
   if in_correct:
     correct_chunks[last_correct_type] += 1
+  return _Counts(
+    correct_chunks, found_correct, found_guessed, correct_tags, tokens
+  )
+
+
+def _chunk_scores(counts: _Counts) -> dict[str, float]:
+  """conlleval's report of its counts: overall, then per chunk type."""
 
   def scores(tp, guessed_count, gold_count):
     p, r, f = metrics.precision_recall_f1(
@@ -363,15 +394,18 @@ def conlleval(
     )
     return 100 * p, 100 * r, 100 * f
 
+  correct_chunks = counts.correct_chunks
+  found_guessed, found_correct = counts.found_guessed, counts.found_correct
   total = [
     sum(c.values()) for c in (correct_chunks, found_guessed, found_correct)
   ]
   precision, recall, f1 = scores(*total)
+  tokens = counts.tokens
   result = {
     'precision': precision,
     'recall': recall,
     'f1': f1,
-    'accuracy': 100.0 * correct_tags / tokens if tokens else 0.0,
+    'accuracy': 100.0 * counts.correct_tags / tokens if tokens else 0.0,
     'correct_chunks': float(total[0]),
     'found_guessed': float(total[1]),
     'found_correct': float(total[2]),
