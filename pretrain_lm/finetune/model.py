@@ -330,6 +330,10 @@ class FinetuneModel(nn.Module):
 
   @nn.compact
   def __call__(self, batch: dict[str, Array], *, deterministic: bool):
+    """The head's outputs on a batch (the module docstring lists them)."""
+    # Long by design: the body, the layer mix and dropout are made once in
+    # this compact scope, and the closures on them (encode, sentence,
+    # primary) serve the siamese, primary and cross-view heads alike.
     cfg = self.cfg
     family = backbone_family(cfg.family)
     if self.head not in config_lib.HEADS:
