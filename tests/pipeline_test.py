@@ -10,6 +10,7 @@ import tensorflow as tf
 
 from pretrain_lm import configlib, objectives
 from pretrain_lm.data import pipeline
+from pretrain_lm.data import rows as rows_lib
 from pretrain_lm.data import tokenizer as tokenizer_lib
 
 CORPUS = os.path.join(configlib.CORPUS_DIR, 'wikitext-2', 'valid.txt')
@@ -110,13 +111,19 @@ def _synthetic_docs(seq_len, seed=0):
   return [list(rng.integers(5, 100, n)) for n in lengths]
 
 
-def _pack(docs, seq_len, packing):
+def _pack(docs, seq_len, packing, **kwargs):
   """pipeline.pack's rows as a dict of [rows, seq_len] arrays."""
   ds = tf.data.Dataset.from_generator(
     lambda: iter(docs), output_signature=tf.TensorSpec([None], tf.int32)
   )
   rows = pipeline.pack(
-    ds, row_len=seq_len, packing=packing, cls_id=CLS, sep_id=SEP, pad_id=PAD
+    ds,
+    row_len=seq_len,
+    packing=packing,
+    cls_id=CLS,
+    sep_id=SEP,
+    pad_id=PAD,
+    **kwargs,
   )
   keys = ('input_ids', 'segment_ids', 'positions')
   assert {k: (v.shape, v.dtype) for k, v in rows.element_spec.items()} == {
@@ -145,13 +152,13 @@ def test_pack_matches_reference(packing, seq_len):
 
 @pytest.mark.parametrize('packing', ['full_sentences', 'concat'])
 @pytest.mark.parametrize('docs_per_run', [1, 3])
-def test_pack_rows_do_not_depend_on_runs(monkeypatch, packing, docs_per_run):
+def test_pack_rows_do_not_depend_on_runs(packing, docs_per_run):
   # Rows carry over from one run of documents (one scan step) to the next.
-  monkeypatch.setattr(pipeline, '_DOCS_PER_RUN', docs_per_run)
   for seq_len in (3, 13):
     docs = _synthetic_docs(seq_len, seed=seq_len)
     want = reference_features(docs, seq_len, packing)
-    _assert_features_equal(_pack(docs, seq_len, packing), want)
+    got = _pack(docs, seq_len, packing, docs_per_run=docs_per_run)
+    _assert_features_equal(got, want)
 
 
 SMALL_DOCS = [[10, 11, 12], [20, 21, 22, 23, 24, 25, 26, 27], [30]]
@@ -518,7 +525,7 @@ def test_restart_reproduces_next_sentence_pairs(corpus):
 
   rows_per_epoch = sum(
     1
-    for _ in pipeline._rows(
+    for _ in rows_lib.packed_rows(
       nsp_config(),
       corpus['tokenizer'],
       objectives.row_transform(nsp_config()),

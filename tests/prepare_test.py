@@ -14,6 +14,7 @@ from conftest import REPO, load_config
 
 from pretrain_lm import configlib, objectives
 from pretrain_lm.data import pipeline, prepare, ranges, records, shards
+from pretrain_lm.data import rows as rows_lib
 from pretrain_lm.data import tokenizer as tokenizer_lib
 
 WIKI = os.path.join(configlib.CORPUS_DIR, 'wikitext-2', 'valid.txt')
@@ -167,7 +168,7 @@ def test_one_range_is_the_raw_text_pipeline(corpus, tokenizer_path, tmp_path):
   tok = tokenizer_lib.load_tokenizer(tokenizer_path)
   for split in records.SPLITS:
     (shard,) = manifest['splits'][split]['shards']
-    raw = pipeline._rows(
+    raw = rows_lib.packed_rows(
       config,
       tok,
       objectives.row_transform(config),

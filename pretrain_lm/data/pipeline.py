@@ -14,11 +14,8 @@ This module names them all in one place, so a caller imports one module:
 `pipeline.train_dataset(...)`, `pipeline.pack(...)`.
 """
 
-import tensorflow as tf
-
-from pretrain_lm.data import packing, rows
 from pretrain_lm.data.eval_stream import eval_batches
-from pretrain_lm.data.packing import PACKINGS, row_features, tokenize
+from pretrain_lm.data.packing import PACKINGS, pack, row_features, tokenize
 from pretrain_lm.data.prepared_input import (
   prepared_stream,
   skipped_input,
@@ -44,15 +41,3 @@ __all__ = [
   'train_dataset',
   'train_iterator',
 ]
-
-# One split's raw-text rows, unshuffled (tests compare other rows to them).
-_rows = rows.packed_rows
-# Documents per scan step of `pack`, read at each call: the rows do not
-# depend on it, which tests check by setting it here.
-_DOCS_PER_RUN = packing.DOCS_PER_RUN
-
-
-def pack(docs: tf.data.Dataset, **kwargs) -> tf.data.Dataset:
-  """packing.pack (same arguments), _DOCS_PER_RUN documents per scan step."""
-  kwargs.setdefault('docs_per_run', _DOCS_PER_RUN)
-  return packing.pack(docs, **kwargs)
