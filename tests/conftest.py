@@ -20,7 +20,9 @@ os.environ['XLA_FLAGS'] = os.environ.get('XLA_FLAGS', '') + (
   ' --xla_force_host_platform_device_count=8 ' + COMPILE_FLAGS
 )
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
-os.environ['JAX_PLATFORMS'] = 'cpu'
+# The suite runs on the CPU; JAX_PLATFORMS=cuda runs the GPU-only tests
+# (kernels_test's cuDNN check) on a GPU machine.
+os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 
 import atexit  # noqa: E402
 import importlib.util  # noqa: E402

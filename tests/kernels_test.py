@@ -256,7 +256,10 @@ def test_cudnn_computes_no_gradient_for_a_mask(causal):
   assert cudnn_calls(True, causal) == [(fwd, 3, mask_type), (bwd, 5, mask_type)]
 
 
-@pytest.mark.skipif(jax.default_backend() != 'gpu', reason='cuDNN needs a GPU')
+@pytest.mark.skipif(
+  jax.default_backend() != 'gpu',
+  reason='cuDNN needs a GPU: JAX_PLATFORMS=cuda pytest tests/kernels_test.py',
+)
 @pytest.mark.parametrize('case', CASES)
 def test_cudnn_and_einsum_kernels_agree_on_a_gpu(case):
   # cuDNN's fused kernel takes half precision and head dims that are a
