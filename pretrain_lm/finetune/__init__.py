@@ -4,6 +4,10 @@
 examples into model rows and scores predictions (glue.py documents the
 interface); the fine-tuning job (pretrain_lm.finetune.trainer, trained by
 pretrain_lm.training.loop as pretraining is) is the same for all of them.
+Its parts: init.py (the pretrained body it starts from), batches.py (the
+task's splits and per-epoch batches), model.py and losses.py (heads and
+their losses), evaluation.py (dev predictions, scores, results.json) and
+finetuned.py (a fine-tuned workdir loaded for use, `trainer.load`).
 
 Entry points:
 
