@@ -30,6 +30,8 @@ from jax import lax
 
 Cache = Any
 StepFn = Callable[[jax.Array, Cache, jax.Array], tuple[jax.Array, Cache]]
+# Hypotheses with their scores: (float32[B, N] scores, int32[B, N, T] tokens).
+Pool = tuple[jax.Array, jax.Array]
 
 
 def repeat_rows(tree: Cache, n: int) -> Cache:
@@ -178,12 +180,79 @@ def length_penalty(length: jax.Array, alpha: float) -> jax.Array:
   return ((5.0 + length) / 6.0) ** alpha
 
 
-def _top_rows(
-  scores_BC: jax.Array, seqs_BCT: jax.Array, k: int
-) -> tuple[jax.Array, jax.Array]:
-  """The k best-scoring rows of each batch element, best first."""
-  scores_BK, idx_BK = lax.top_k(scores_BC, k)
-  return scores_BK, jnp.take_along_axis(seqs_BCT, idx_BK[..., None], axis=1)
+def _merge(first: Pool, second: Pool, k: int) -> Pool:
+  """The k best hypotheses of two pools, per batch element, best first.
+
+  On a tie the one from `first` wins: lax.top_k keeps the lower index.
+  """
+  scores_BN = jnp.concatenate([first[0], second[0]], axis=1)
+  seqs_BNT = jnp.concatenate([first[1], second[1]], axis=1)
+  scores_BK, idx_BK = lax.top_k(scores_BN, k)
+  return scores_BK, jnp.take_along_axis(seqs_BNT, idx_BK[..., None], axis=1)
+
+
+def _running(i, live_lp_BW, fin_scores_BW, num_steps, alpha) -> jax.Array:
+  """Whether steps are left and a live beam of some row may still beat that
+  row's worst finished hypothesis."""
+  # A live beam's log-prob is <= 0 and only falls, so it can finish with at
+  # best log-prob / the largest penalty among the lengths still reachable;
+  # the penalty is monotone in length, so that is at one end of the range.
+  max_pen = jnp.maximum(
+    length_penalty(i + 1, alpha), length_penalty(num_steps, alpha)
+  )
+  best_live_B = live_lp_BW[:, 0] / max_pen
+  done = jnp.all(fin_scores_BW[:, -1] >= best_live_B)
+  return (i < num_steps) & ~done
+
+
+def _candidates(logits_NV: jax.Array, live: Pool, i: jax.Array):
+  """The 2W most likely one-token extensions of the W live beams.
+
+  Returns their log-probs, parent beams and tokens, each [B, C], and their
+  tokens so far [B, C, T]: the parent's, and their token at step i.
+  """
+  live_lp_BW, live_seqs_BWT = live
+  batch, width = live_lp_BW.shape
+  vocab = logits_NV.shape[-1]
+  logp_BWV = jax.nn.log_softmax(logits_NV.astype(jnp.float32), axis=-1)
+  cand_lp_BWV = live_lp_BW[..., None] + logp_BWV.reshape(batch, width, vocab)
+  cand_lp_BC, flat_BC = lax.top_k(
+    cand_lp_BWV.reshape(batch, width * vocab), 2 * width
+  )
+  parent_BC, tok_BC = flat_BC // vocab, flat_BC % vocab
+  cand_seqs_BCT = jnp.take_along_axis(
+    live_seqs_BWT, parent_BC[..., None], axis=1
+  )
+  cand_seqs_BCT = cand_seqs_BCT.at[:, :, i].set(tok_BC)
+  return cand_lp_BC, parent_BC, tok_BC, cand_seqs_BCT
+
+
+def _next_live(cand_lp_BC, parent_BC, tok_BC, cand_seqs_BCT, eos_BC):
+  """The W best candidates without EOS: the beams that stay live.
+
+  Returns their last tokens [B, W], their parents' rows [N] (the cache
+  rows that follow them) and the live pool (log-probs, tokens).
+  """
+  batch, width = cand_lp_BC.shape[0], cand_lp_BC.shape[1] // 2
+  live_lp_BW, keep_BW = lax.top_k(
+    jnp.where(eos_BC, -jnp.inf, cand_lp_BC), width
+  )
+  live_seqs_BWT = jnp.take_along_axis(cand_seqs_BCT, keep_BW[..., None], 1)
+  ids_BW = jnp.take_along_axis(tok_BC, keep_BW, axis=1)
+  parent_BW = jnp.take_along_axis(parent_BC, keep_BW, axis=1)
+  rows_N = (jnp.arange(batch)[:, None] * width + parent_BW).reshape(-1)
+  return ids_BW, rows_N, (live_lp_BW, live_seqs_BWT)
+
+
+def _add_finished(finished: Pool, cand_lp_BC, cand_seqs_BCT, eos_BC, penalty):
+  """The W best of the finished pool and the candidates ending in EOS.
+
+  A candidate scores its log-prob / `penalty` (the length penalty at this
+  step). The pool comes first, so that ties keep the older hypothesis.
+  """
+  eos_scores_BC = jnp.where(eos_BC, cand_lp_BC / penalty, -jnp.inf)
+  width = finished[0].shape[1]
+  return _merge(finished, (eos_scores_BC, cand_seqs_BCT), width)
 
 
 def beam_search(
@@ -231,96 +300,38 @@ def beam_search(
   """
   batch, width = first_ids_B.shape[0], beam_size
   start_index = jnp.asarray(start_index, jnp.int32)
+
+  def cond(state):
+    i, _, _, live, finished = state
+    return _running(i, live[0], finished[0], num_steps, alpha)
+
+  def body(state):
+    i, ids_BW, cache, live, finished = state
+    logits_NV, cache = step_fn(ids_BW.reshape(-1), cache, start_index + i)
+    lp_BC, parent_BC, tok_BC, seqs_BCT = _candidates(logits_NV, live, i)
+    eos_BC = tok_BC == eos_id
+    ids_BW, rows_N, live = _next_live(
+      lp_BC, parent_BC, tok_BC, seqs_BCT, eos_BC
+    )
+    finished = _add_finished(
+      finished, lp_BC, seqs_BCT, eos_BC, length_penalty(i + 1, alpha)
+    )
+    return i + 1, ids_BW, gather_rows(cache, rows_N), live, finished
+
   seqs_BWT = jnp.full((batch, width, num_steps), pad_id, jnp.int32)
   # The W copies of a row are identical at first: only beam 0 is live, so the
   # first step does not propose the same token W times. -inf rather than a
   # large finite value: dead candidates then never look finished or live.
-  live_lp_BW = jnp.full((batch, width), -jnp.inf).at[:, 0].set(0.0)
-
-  def cond(state):
-    i, _, _, live_lp_BW, _, fin_scores_BW, _ = state
-    # A live beam's log-prob is <= 0 and only falls, so it can finish with at
-    # best log-prob / the largest penalty among the lengths still reachable;
-    # the penalty is monotone in length, so that is at one end of the range.
-    max_pen = jnp.maximum(
-      length_penalty(i + 1, alpha), length_penalty(num_steps, alpha)
-    )
-    best_live_B = live_lp_BW[:, 0] / max_pen
-    done = jnp.all(fin_scores_BW[:, -1] >= best_live_B)
-    return (i < num_steps) & ~done
-
-  def body(state):
-    i, ids_BW, cache, live_lp_BW, live_seqs_BWT, fin_scores_BW, fin_seqs_BWT = (
-      state
-    )
-    logits_NV, cache = step_fn(ids_BW.reshape(-1), cache, start_index + i)
-    vocab = logits_NV.shape[-1]
-    logp_BWV = jax.nn.log_softmax(logits_NV.astype(jnp.float32), axis=-1)
-    cand_lp_BWV = live_lp_BW[..., None] + logp_BWV.reshape(batch, width, vocab)
-    cand_lp_BC, flat_BC = lax.top_k(
-      cand_lp_BWV.reshape(batch, width * vocab), 2 * width
-    )
-    parent_BC, tok_BC = flat_BC // vocab, flat_BC % vocab
-    cand_seqs_BCT = jnp.take_along_axis(
-      live_seqs_BWT, parent_BC[..., None], axis=1
-    )
-    cand_seqs_BCT = cand_seqs_BCT.at[:, :, i].set(tok_BC)
-    eos_BC = tok_BC == eos_id
-
-    # The W best candidates without EOS stay live; their parents' cache rows
-    # follow them.
-    live_lp_BW, keep_BW = lax.top_k(
-      jnp.where(eos_BC, -jnp.inf, cand_lp_BC), width
-    )
-    live_seqs_BWT = jnp.take_along_axis(cand_seqs_BCT, keep_BW[..., None], 1)
-    ids_BW = jnp.take_along_axis(tok_BC, keep_BW, axis=1)
-    parent_BW = jnp.take_along_axis(parent_BC, keep_BW, axis=1)
-    rows_N = (jnp.arange(batch)[:, None] * width + parent_BW).reshape(-1)
-    cache = gather_rows(cache, rows_N)
-
-    # Candidates ending in EOS compete with the finished pool; the pool comes
-    # first so that ties keep the older hypothesis.
-    new_scores_BC = jnp.where(
-      eos_BC, cand_lp_BC / length_penalty(i + 1, alpha), -jnp.inf
-    )
-    fin_scores_BW, fin_seqs_BWT = _top_rows(
-      jnp.concatenate([fin_scores_BW, new_scores_BC], axis=1),
-      jnp.concatenate([fin_seqs_BWT, cand_seqs_BCT], axis=1),
-      width,
-    )
-    return (
-      i + 1,
-      ids_BW,
-      cache,
-      live_lp_BW,
-      live_seqs_BWT,
-      fin_scores_BW,
-      fin_seqs_BWT,
-    )
-
-  state = (
-    jnp.int32(0),
-    jnp.broadcast_to(first_ids_B.astype(jnp.int32)[:, None], (batch, width)),
-    repeat_rows(cache, width),
-    live_lp_BW,
-    seqs_BWT,
-    jnp.full((batch, width), -jnp.inf),
-    seqs_BWT,
-  )
-  i, _, _, live_lp_BW, live_seqs_BWT, fin_scores_BW, fin_seqs_BWT = (
-    lax.while_loop(cond, body, state)
-  )
+  live = jnp.full((batch, width), -jnp.inf).at[:, 0].set(0.0), seqs_BWT
+  finished = jnp.full((batch, width), -jnp.inf), seqs_BWT
+  ids_BW = jnp.tile(first_ids_B.astype(jnp.int32)[:, None], (1, width))
+  state = jnp.int32(0), ids_BW, repeat_rows(cache, width), live, finished
+  i, _, _, live, finished = lax.while_loop(cond, body, state)
   # Live beams are complete (truncated) hypotheses only if the loop ran to
   # the end; after an early stop none of them can enter the top W anyway.
-  live_scores_BW = jnp.where(
-    i == num_steps,
-    live_lp_BW / length_penalty(num_steps, alpha),
-    -jnp.inf,
+  truncated_BW = jnp.where(
+    i == num_steps, live[0] / length_penalty(num_steps, alpha), -jnp.inf
   )
-  scores_BW, seqs_BWT = _top_rows(
-    jnp.concatenate([fin_scores_BW, live_scores_BW], axis=1),
-    jnp.concatenate([fin_seqs_BWT, live_seqs_BWT], axis=1),
-    width,
-  )
+  scores_BW, seqs_BWT = _merge(finished, (truncated_BW, live[1]), width)
   seqs_BWT = jnp.where(jnp.isneginf(scores_BW)[..., None], pad_id, seqs_BWT)
   return seqs_BWT, scores_BW
