@@ -161,13 +161,47 @@ def _infill(ids, n, u, *, config, tokenizer, is_text):
   `u`: 5R + 1 uniform numbers.
   """
   R = ids.shape[0]
-  i = tf.range(R)  # span index, and position index
   m = tf.reduce_sum(tf.cast(is_text, tf.int32))
-  num_noise = _round(config.infill_rate, m)
+  spans = _sample_spans(
+    u[: 3 * R + 1], m, rate=config.infill_rate, lam=config.poisson_lambda
+  )
+  # Each span's token: [MASK], or a random text token with
+  # infill_random_rate.
+  num_normal = tokenizer.vocab_size - tokenizer.first_normal_id
+  random_ids = tokenizer.first_normal_id + tf.minimum(
+    tf.cast(u[3 * R + 1 : 4 * R + 1] * num_normal, tf.int32), num_normal - 1
+  )
+  fill = tf.where(
+    u[4 * R + 1 :] < config.infill_random_rate, random_ids, tokenizer.mask_id
+  )
+  out, new_n = _replace_spans(ids, n, is_text, m, spans, fill, tokenizer.pad_id)
+  # Infilling adds num_spans tokens and removes num_noise, so a full row
+  # grows only if zero-length spans outnumber the tokens of longer spans
+  # beyond their first: at lambda 3.5, only in a row of a few text tokens.
+  # None of the tests' 2000 rows of 128 does, nor any of the bundled
+  # corpus's rows of 64 or 512 (every one shrank, by 3+ and 43+ tokens). A
+  # grown row keeps its first R - 1 tokens and its last.
+  overflow = new_n > R
+  last = out[tf.maximum(new_n - 1, 0)]
+  out = tf.where(overflow & (tf.range(R) == R - 1), last, out[:R])
+  return out, tf.minimum(new_n, R), {**spans, 'overflow': overflow}
+
+
+def _sample_spans(u, m, *, rate: float, lam: float) -> dict[str, tf.Tensor]:
+  """Infilling's spans over m text tokens: their lengths and text starts.
+
+  `u`: 3R + 1 uniform numbers. Returns num_noise, num_spans, the R drawn
+  lengths, the lengths cut to cover num_noise, and the spans' starts
+  (text indices) and lengths in their left-to-right order; 0 lengths and
+  start R past num_spans.
+  """
+  R = (u.shape[0] - 1) // 3
+  i = tf.range(R)
+  num_noise = _round(rate, m)
 
   # Poisson by inverting its CDF: L = #{k : P(L <= k) <= u}. At most R
   # spans: enough unless poisson_lambda is far below infill_rate.
-  cdf = tf.constant(_poisson_cdf(config.poisson_lambda))
+  cdf = tf.constant(_poisson_cdf(lam))
   drawn = tf.searchsorted(cdf, tf.cast(u[:R], tf.float64), side='right')
   ends = tf.cumsum(drawn)
   num_spans = tf.minimum(
@@ -191,6 +225,28 @@ def _infill(ids, n, u, *, config, tokenizer, is_text):
   # the starts (text indices) ascend, a zero-length span before a span
   # starting at the same token.
   starts = tf.where(valid, slots - i + tf.cumsum(placed, exclusive=True), R)
+  return {
+    'num_noise': num_noise,
+    'num_spans': num_spans,
+    'drawn': drawn,
+    'lengths': lengths,
+    'starts': starts,
+    'placed': placed,
+  }
+
+
+def _replace_spans(ids, n, is_text, m, spans, fill, pad_id):
+  """The row with each span's tokens replaced by its one `fill` token.
+
+  Untouched tokens and each span's first token (replaced) stay; a
+  zero-length span inserts its token before text token starts[i] (after
+  the last text token when that is m). Returns the row over 2R slots,
+  pad_id past its length, and that length.
+  """
+  R = ids.shape[0]
+  i = tf.range(R)  # span index, and position index
+  starts, placed = spans['starts'], spans['placed']
+  valid = i < spans['num_spans']
 
   # Each text token's span: the last one starting at or before it.
   tix = tf.cumsum(tf.cast(is_text, tf.int32), exclusive=True)
@@ -204,19 +260,6 @@ def _infill(ids, n, u, *, config, tokenizer, is_text):
   covered &= i - start_pos == from_start
   first = covered & (from_start == 0)
 
-  # Each span's token: [MASK], or a random text token with
-  # infill_random_rate.
-  num_normal = tokenizer.vocab_size - tokenizer.first_normal_id
-  random_ids = tokenizer.first_normal_id + tf.minimum(
-    tf.cast(u[3 * R + 1 : 4 * R + 1] * num_normal, tf.int32), num_normal - 1
-  )
-  fill = tf.where(
-    u[4 * R + 1 :] < config.infill_random_rate, random_ids, tokenizer.mask_id
-  )
-
-  # Untouched tokens and each span's first token (replaced) stay; a
-  # zero-length span inserts before text token starts[i] (after the last
-  # text token when that is m).
   keep = (i < n) & (~covered | first)
   value = tf.where(first, tf.gather(fill, span), ids)
   zero = valid & (placed == 0)
@@ -241,27 +284,9 @@ def _infill(ids, n, u, *, config, tokenizer, is_text):
     ),
     tf.concat([keep, zero], 0),
     2 * R,
-    tokenizer.pad_id,
+    pad_id,
   )
-  # Infilling adds num_spans tokens and removes num_noise, so a full row
-  # grows only if zero-length spans outnumber the tokens of longer spans
-  # beyond their first: at lambda 3.5, only in a row of a few text tokens.
-  # None of the tests' 2000 rows of 128 does, nor any of the bundled
-  # corpus's rows of 64 or 512 (every one shrank, by 3+ and 43+ tokens). A
-  # grown row keeps its first R - 1 tokens and its last.
-  overflow = new_n > R
-  last = out[tf.maximum(new_n - 1, 0)]
-  out = tf.where(overflow & (i == R - 1), last, out[:R])
-  spans = {
-    'num_noise': num_noise,
-    'num_spans': num_spans,
-    'drawn': drawn,
-    'lengths': lengths,
-    'starts': starts,
-    'placed': placed,
-    'overflow': overflow,
-  }
-  return out, tf.minimum(new_n, R), spans
+  return out, new_n
 
 
 def _rotate(ids, start, stop, u, *, rate):
