@@ -281,6 +281,50 @@ def _choose_spans(is_candidate, word_id, num_words, budget, seed, config):
   )
 
 
+def _budget(is_candidate, mask_rate: float, num_slots: int) -> tf.Tensor:
+  """The tokens to predict: round(mask_rate * n) of the n candidates, at
+  least one (if any), at most the num_slots prediction slots."""
+  num_candidates = tf.reduce_sum(tf.cast(is_candidate, tf.int32))
+  # float64 and round-half-to-even, so the count equals Python's
+  # round(mask_rate * n) exactly.
+  budget = tf.cast(
+    tf.round(tf.cast(num_candidates, tf.float64) * mask_rate),
+    tf.int32,
+  )
+  budget = tf.maximum(budget, tf.minimum(num_candidates, 1))
+  return tf.minimum(budget, num_slots)
+
+
+def _replacements(
+  originals, positions, units, action_seed, random_seed, *, config, tokenizer
+) -> tf.Tensor:
+  """The input token of each prediction slot: [MASK], a random normal
+  token, or the original (`originals` at `positions`, of `units`)."""
+  num_slots = originals.shape[0]
+  # 80% [MASK] / 10% random / 10% unchanged (with the default rates), per
+  # slot, or per span (draw k for span k) in 'span' masking.
+  action = tf.random.stateless_uniform([num_slots], seed=action_seed)
+  if config.masking == 'span':
+    span = tf.maximum(tf.gather(units, positions) - 1, 0)
+    action = tf.gather(action, span)
+  random_ids = tf.random.stateless_uniform(
+    [num_slots],
+    seed=random_seed,
+    minval=tokenizer.first_normal_id,
+    maxval=tokenizer.vocab_size,
+    dtype=tf.int32,
+  )
+  return tf.where(
+    action < config.mask_token_rate,
+    tokenizer.mask_id,
+    tf.where(
+      action < config.mask_token_rate + config.random_token_rate,
+      random_ids,
+      originals,
+    ),
+  )
+
+
 def mask(
   ids: tf.Tensor,
   seed: tf.Tensor,
@@ -311,15 +355,7 @@ def mask(
     [tokenizer.pad_id, tokenizer.cls_id, tokenizer.sep_id, tokenizer.mask_id]
   )
   is_candidate = tf.reduce_all(ids[:, None] != special, axis=1)
-  num_candidates = tf.reduce_sum(tf.cast(is_candidate, tf.int32))
-  # float64 and round-half-to-even, so the count equals Python's
-  # round(mask_rate * n) exactly.
-  budget = tf.cast(
-    tf.round(tf.cast(num_candidates, tf.float64) * config.mask_rate),
-    tf.int32,
-  )
-  budget = tf.maximum(budget, tf.minimum(num_candidates, 1))
-  budget = tf.minimum(budget, num_slots)
+  budget = _budget(is_candidate, config.mask_rate, num_slots)
 
   if config.masking == 'token':
     units = _choose_tokens(is_candidate, budget, seeds[0], num_slots)
@@ -340,27 +376,14 @@ def mask(
   positions = tf.where(is_real, positions, 0)
   originals = tf.gather(ids, positions)
 
-  # 80% [MASK] / 10% random / 10% unchanged (with the default rates), per
-  # slot, or per span (draw k for span k) in 'span' masking.
-  action = tf.random.stateless_uniform([num_slots], seed=seeds[1])
-  if config.masking == 'span':
-    span = tf.maximum(tf.gather(units, positions) - 1, 0)
-    action = tf.gather(action, span)
-  random_ids = tf.random.stateless_uniform(
-    [num_slots],
-    seed=seeds[2],
-    minval=tokenizer.first_normal_id,
-    maxval=tokenizer.vocab_size,
-    dtype=tf.int32,
-  )
-  replaced = tf.where(
-    action < config.mask_token_rate,
-    tokenizer.mask_id,
-    tf.where(
-      action < config.mask_token_rate + config.random_token_rate,
-      random_ids,
-      originals,
-    ),
+  replaced = _replacements(
+    originals,
+    positions,
+    units,
+    seeds[1],
+    seeds[2],
+    config=config,
+    tokenizer=tokenizer,
   )
   # Padding slots scatter into an extra, dropped position, so they can never
   # overwrite a real one.
