@@ -98,6 +98,7 @@ class Outcome:
 
 def run(job: Job) -> Outcome:
   """Trains `job` from its initial state to job.num_steps or a stop."""
+  # Long by design: the one training loop, kept whole to read top to bottom.
   cfg = job.config
   state = job.initial_state()
   start = int(state.step)
