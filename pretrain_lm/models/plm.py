@@ -77,50 +77,21 @@ class TwoStreamStack(nn.Module):
     type_ids_BL: Array | None,
     deterministic: bool,
   ) -> tuple[Array, Array | None]:
+    """The final content stream h [B, L, D] and query stream g [B, P, D]."""
     cfg = self.cfg
-    B, L = ids_BL.shape
     if cfg.scan_layers:
       raise ValueError(
         'model.scan_layers=True is not supported by the plm family (each '
         'layer runs two streams); set it False.'
       )
-    if cfg.position == 'learned' and cfg.max_len < L:
-      raise ValueError(
-        f'Sequence length {L} exceeds model.max_len={cfg.max_len} (the '
-        'position table); lower data.seq_len or raise model.max_len.'
-      )
-    if type_ids_BL is None:
-      type_ids_BL = jnp.zeros_like(ids_BL)
-    # Both streams are embedded in one call, g's [MASK]s after h's tokens:
-    # the same tables, position and type of each target, one projection.
-    ids, positions, types = ids_BL, positions_BL, type_ids_BL
+    h_BLD, g_BPD = self._embed(
+      ids_BL, positions_BL, type_ids_BL, targets_BP, deterministic
+    )
     if targets_BP is not None:
-      P = targets_BP.shape[1]
-      target_positions_BP = jnp.take_along_axis(positions_BL, targets_BP, 1)
-      ids = jnp.concatenate([ids, jnp.full((B, P), MASK_ID, ids.dtype)], 1)
-      positions = jnp.concatenate([positions, target_positions_BP], 1)
-      types = jnp.concatenate(
-        [types, jnp.take_along_axis(types, targets_BP, 1)], 1
-      )
-    x = self.embedder(ids, positions, types, deterministic)
-    if x.shape[-1] != cfg.emb_dim:  # factorised embedding (ALBERT): E -> D
-      x = layers.dense(
-        self,
-        'embed_projection',
-        x,
-        (x.shape[-1], cfg.emb_dim),
-        (None, 'embed'),
-        'BLE,ED->BLD',
-        use_bias=True,
-        std=cfg.initializer_range,
-      )
-    h_BLD = nn.with_logical_constraint(x[:, :L], layers.BLD)
-    g_BPD = None
-    if targets_BP is not None:
-      g_BPD = nn.with_logical_constraint(x[:, L:], layers.BLD)
       content_mask, query_mask = two_stream_masks(
         segment_ids_BL, perm_rank_BL, targets_BP
       )
+      target_positions_BP = jnp.take_along_axis(positions_BL, targets_BP, 1)
     else:
       content_mask = transformer.attention_mask(
         segment_ids_BL, segment_ids_BL, causal=False
@@ -142,11 +113,7 @@ class TwoStreamStack(nn.Module):
         cfg.jnp_param_dtype,
       )
 
-    layer_cls = transformer.TransformerLayer
-    if cfg.remat != 'none':
-      layer_cls = nn.remat(
-        layer_cls, policy=transformer.REMAT_POLICIES[cfg.remat]
-      )
+    layer_cls = transformer.layer_class(cfg)
     kwargs = dict(
       cfg=cfg,
       num_layers=cfg.num_layers,
@@ -179,6 +146,52 @@ class TwoStreamStack(nn.Module):
       if g_BPD is not None:
         g_BPD = final_norm(g_BPD)
     return h_BLD, g_BPD
+
+  def _embed(
+    self,
+    ids_BL: Array,
+    positions_BL: Array,
+    type_ids_BL: Array | None,
+    targets_BP: Array | None,
+    deterministic: bool,
+  ) -> tuple[Array, Array | None]:
+    """Both streams' inputs: h [B, L, D] and g [B, P, D] (None without
+    targets), embedded in one call, g's [MASK]s after h's tokens: the same
+    tables, position and type of each target, one projection."""
+    cfg = self.cfg
+    B, L = ids_BL.shape
+    if cfg.position == 'learned' and cfg.max_len < L:
+      raise ValueError(
+        f'Sequence length {L} exceeds model.max_len={cfg.max_len} (the '
+        'position table); lower data.seq_len or raise model.max_len.'
+      )
+    if type_ids_BL is None:
+      type_ids_BL = jnp.zeros_like(ids_BL)
+    ids, positions, types = ids_BL, positions_BL, type_ids_BL
+    if targets_BP is not None:
+      P = targets_BP.shape[1]
+      target_positions_BP = jnp.take_along_axis(positions_BL, targets_BP, 1)
+      ids = jnp.concatenate([ids, jnp.full((B, P), MASK_ID, ids.dtype)], 1)
+      positions = jnp.concatenate([positions, target_positions_BP], 1)
+      types = jnp.concatenate(
+        [types, jnp.take_along_axis(types, targets_BP, 1)], 1
+      )
+    x = self.embedder(ids, positions, types, deterministic)
+    if x.shape[-1] != cfg.emb_dim:  # factorised embedding (ALBERT): E -> D
+      x = layers.dense(
+        self,
+        'embed_projection',
+        x,
+        (x.shape[-1], cfg.emb_dim),
+        (None, 'embed'),
+        'BLE,ED->BLD',
+        use_bias=True,
+        std=cfg.initializer_range,
+      )
+    h_BLD = nn.with_logical_constraint(x[:, :L], layers.BLD)
+    if targets_BP is None:
+      return h_BLD, None
+    return h_BLD, nn.with_logical_constraint(x[:, L:], layers.BLD)
 
 
 class PlmModel(nn.Module):

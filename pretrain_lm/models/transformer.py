@@ -148,6 +148,15 @@ class TransformerLayer(nn.Module):
     return self.causal and plain and not self.decode
 
 
+def layer_class(cfg: ModelConfig, prevent_cse: bool = True) -> type[nn.Module]:
+  """TransformerLayer, rematerialised in the backward pass per model.remat."""
+  if cfg.remat == 'none':
+    return TransformerLayer
+  return nn.remat(
+    TransformerLayer, policy=REMAT_POLICIES[cfg.remat], prevent_cse=prevent_cse
+  )
+
+
 # What each query of a bidirectional stack's self-attention may see:
 # every key of its segment, or (restricted views, as cross-view training's
 # auxiliary modules read them) only those at or before it, or at or after.
@@ -257,7 +266,35 @@ class Stack(nn.Module):
         std=cfg.initializer_range,
       )
     x_BLD = nn.with_logical_constraint(x, layers.BLD)
+    ctx = self._context(
+      segment_ids_BL,
+      positions_BL,
+      encoded_BSD,
+      encoder_segment_ids_BS,
+      prefix_BL,
+      direction,
+    )
+    embedded_BLD = x_BLD
+    x_BLD, states = self._layers(x_BLD, ctx, deterministic, output_positions_BP)
+    if cfg.norm_position == 'pre':
+      x_BLD = layers.norm(cfg, 'final_norm')(x_BLD)
+    if not self.collect_states:
+      return x_BLD
+    states = jnp.concatenate([embedded_BLD[None], states[:-1], x_BLD[None]])
+    return x_BLD, states
 
+  def _context(
+    self,
+    segment_ids_BL: Array,
+    positions_BL: Array,
+    encoded_BSD: Array | None,
+    encoder_segment_ids_BS: Array | None,
+    prefix_BL: Array | None,
+    direction: str,
+  ) -> dict:
+    """The stack-wide arrays every layer reads (TransformerLayer's ctx):
+    masks, positions, the relative-bias table, the encoder output."""
+    cfg, L = self.cfg, segment_ids_BL.shape[1]
     ctx = {
       # While decoding, the attention cache builds the causal mask itself.
       'mask': None
@@ -290,15 +327,7 @@ class Stack(nn.Module):
         ctx['rel_bias'] = layers.relative_bias_by_index(
           ctx['rel_table'], L, L, cfg, bidirectional=not self.causal
         )
-
-    embedded_BLD = x_BLD
-    x_BLD, states = self._layers(x_BLD, ctx, deterministic, output_positions_BP)
-    if cfg.norm_position == 'pre':
-      x_BLD = layers.norm(cfg, 'final_norm')(x_BLD)
-    if not self.collect_states:
-      return x_BLD
-    states = jnp.concatenate([embedded_BLD[None], states[:-1], x_BLD[None]])
-    return x_BLD, states
+    return ctx
 
   def _layers(
     self,
@@ -313,14 +342,8 @@ class Stack(nn.Module):
     collect_states, each layer's [N, B, L, D].
     """
     cfg = self.cfg
-    layer_cls = TransformerLayer
-    if cfg.remat != 'none':
-      # prevent_cse is unneeded inside scan and costs speed there.
-      layer_cls = nn.remat(
-        layer_cls,
-        policy=REMAT_POLICIES[cfg.remat],
-        prevent_cse=not cfg.scan_layers,
-      )
+    # prevent_cse is unneeded inside scan and costs speed there.
+    layer_cls = layer_class(cfg, prevent_cse=not cfg.scan_layers)
     kwargs = dict(
       cfg=cfg,
       num_layers=self.num_layers,
@@ -331,85 +354,106 @@ class Stack(nn.Module):
       emit_state=self.collect_states,
     )
     if cfg.share_layers:
-      # ALBERT: one set of weights applied num_layers times, scanned with
-      # the params broadcast; each application keeps its own decode cache.
-      # With out_BP the last application runs apart, at those positions.
-      last_apart = out_BP is not None
-      states = None
-      if self.num_layers > last_apart:
-        shared = nn.scan(
-          layer_cls,
-          variable_broadcast='params',
-          variable_axes={'cache': 1},
-          split_rngs={'params': False, 'dropout': True},
-          in_axes=nn.broadcast,
-          length=self.num_layers - last_apart,
-        )
-        x_BLD, states = shared(**kwargs, name='shared_layer')(x_BLD, ctx)
-      if last_apart:
-        inputs = rows_at(x_BLD, out_BP), outputs_ctx(ctx, x_BLD, out_BP)
-        if self.num_layers == 1:  # no scan made the weights: this does
-          x_BLD, _ = layer_cls(**kwargs, name='shared_layer')(*inputs)
-        else:  # the scan's weights once more (it owns their scope)
-          weights = nn.meta.unbox(self.variables['params']['shared_layer'])
-          x_BLD, _ = self._apart(
-            layer_cls(**kwargs, parent=None), weights, deterministic, *inputs
-          )
-        out_BP = None
+      apply = self._shared_layers
     elif cfg.scan_layers:
-      # One compiled layer body; parameters stacked on a leading 'layers'
-      # axis, caches on axis 1 so that their batch axis stays first.
-      scanned = functools.partial(
-        nn.scan,
-        layer_cls,
-        variable_axes={'params': 0, 'cache': 1},
-        split_rngs={'params': True, 'dropout': True},
-        in_axes=nn.broadcast,
-        metadata_params={nn.PARTITION_NAME: 'layers'},
-      )
-      if out_BP is None or self.is_initializing():
-        layers_cls = scanned(length=self.num_layers)
-        x_BLD, states = layers_cls(**kwargs, name='layers')(x_BLD, ctx)
-      else:
-        # The scan owns the stacked weights: the N - 1 below are scanned
-        # apart, then the last layer runs at out_BP's positions (the same
-        # weights and outputs as the whole scan, gathered).
-        weights = nn.meta.unbox(self.variables['params']['layers'])
-        if self.num_layers > 1:
-          below = scanned(length=self.num_layers - 1)(**kwargs, parent=None)
-          x_BLD, _ = self._apart(
-            below,
-            jax.tree.map(lambda w: w[:-1], weights),
-            deterministic,
-            x_BLD,
-            ctx,
-          )
-        x_BLD, _ = self._apart(
-          layer_cls(**kwargs, parent=None),
-          jax.tree.map(lambda w: w[-1], weights),
-          deterministic,
-          rows_at(x_BLD, out_BP),
-          outputs_ctx(ctx, x_BLD, out_BP),
-        )
-        out_BP, states = None, None
+      apply = self._scanned_layers
     else:
-      states = []
-      for i in range(self.num_layers):
-        layer = layer_cls(**kwargs, name=f'layer_{i}')
-        if out_BP is not None and i == self.num_layers - 1:
-          # The last layer's queries at out_BP, its keys and values at all
-          # L: the path XLNet's query stream takes through ctx['kv'].
-          x_BLD, state = layer(
-            rows_at(x_BLD, out_BP), outputs_ctx(ctx, x_BLD, out_BP)
-          )
-          out_BP = None  # done: x is [B, P, D] now
-        else:
-          x_BLD, state = layer(x_BLD, ctx)
-        states.append(state)
-      states = jnp.stack(states) if self.collect_states else None
+      apply = self._unrolled_layers
+    x_BLD, states, out_BP = apply(layer_cls, kwargs, x_BLD, ctx, out_BP)
     if out_BP is not None:  # initialising: the whole last layer ran
       x_BLD = rows_at(x_BLD, out_BP)
     return x_BLD, states
+
+  # The three ways of applying the layers below each return the output,
+  # the states (or None) and the out_BP still to gather: None once the last
+  # layer ran at those positions only.
+
+  def _shared_layers(self, layer_cls, kwargs, x_BLD, ctx, out_BP):
+    """ALBERT: one set of weights applied num_layers times, scanned with
+    the params broadcast; each application keeps its own decode cache.
+    With out_BP the last application runs apart, at those positions."""
+    last_apart = out_BP is not None
+    states = None
+    if self.num_layers > last_apart:
+      shared = nn.scan(
+        layer_cls,
+        variable_broadcast='params',
+        variable_axes={'cache': 1},
+        split_rngs={'params': False, 'dropout': True},
+        in_axes=nn.broadcast,
+        length=self.num_layers - last_apart,
+      )
+      x_BLD, states = shared(**kwargs, name='shared_layer')(x_BLD, ctx)
+    if last_apart:
+      inputs = rows_at(x_BLD, out_BP), outputs_ctx(ctx, x_BLD, out_BP)
+      if self.num_layers == 1:  # no scan made the weights: this does
+        x_BLD, _ = layer_cls(**kwargs, name='shared_layer')(*inputs)
+      else:  # the scan's weights once more (it owns their scope)
+        weights = nn.meta.unbox(self.variables['params']['shared_layer'])
+        x_BLD, _ = self._apart(
+          layer_cls(**kwargs, parent=None),
+          weights,
+          kwargs['deterministic'],
+          *inputs,
+        )
+      out_BP = None
+    return x_BLD, states, out_BP
+
+  def _scanned_layers(self, layer_cls, kwargs, x_BLD, ctx, out_BP):
+    """One compiled layer body; parameters stacked on a leading 'layers'
+    axis, caches on axis 1 so that their batch axis stays first."""
+    scanned = functools.partial(
+      nn.scan,
+      layer_cls,
+      variable_axes={'params': 0, 'cache': 1},
+      split_rngs={'params': True, 'dropout': True},
+      in_axes=nn.broadcast,
+      metadata_params={nn.PARTITION_NAME: 'layers'},
+    )
+    if out_BP is None or self.is_initializing():
+      layers_cls = scanned(length=self.num_layers)
+      x_BLD, states = layers_cls(**kwargs, name='layers')(x_BLD, ctx)
+      return x_BLD, states, out_BP
+    # The scan owns the stacked weights: the N - 1 below are scanned
+    # apart, then the last layer runs at out_BP's positions (the same
+    # weights and outputs as the whole scan, gathered).
+    deterministic = kwargs['deterministic']
+    weights = nn.meta.unbox(self.variables['params']['layers'])
+    if self.num_layers > 1:
+      below = scanned(length=self.num_layers - 1)(**kwargs, parent=None)
+      x_BLD, _ = self._apart(
+        below,
+        jax.tree.map(lambda w: w[:-1], weights),
+        deterministic,
+        x_BLD,
+        ctx,
+      )
+    x_BLD, _ = self._apart(
+      layer_cls(**kwargs, parent=None),
+      jax.tree.map(lambda w: w[-1], weights),
+      deterministic,
+      rows_at(x_BLD, out_BP),
+      outputs_ctx(ctx, x_BLD, out_BP),
+    )
+    return x_BLD, None, None
+
+  def _unrolled_layers(self, layer_cls, kwargs, x_BLD, ctx, out_BP):
+    """num_layers layers, each with its own weights (layer_0, layer_1, ...)."""
+    states = []
+    for i in range(self.num_layers):
+      layer = layer_cls(**kwargs, name=f'layer_{i}')
+      if out_BP is not None and i == self.num_layers - 1:
+        # The last layer's queries at out_BP, its keys and values at all
+        # L: the path XLNet's query stream takes through ctx['kv'].
+        x_BLD, state = layer(
+          rows_at(x_BLD, out_BP), outputs_ctx(ctx, x_BLD, out_BP)
+        )
+        out_BP = None  # done: x is [B, P, D]
+      else:
+        x_BLD, state = layer(x_BLD, ctx)
+      states.append(state)
+    states = jnp.stack(states) if self.collect_states else None
+    return x_BLD, states, out_BP
 
   def _apart(self, module: nn.Module, params, deterministic: bool, *args):
     """An unbound `module` applied to `args` with `params` (weights a scan
