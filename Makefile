@@ -35,8 +35,8 @@ quickstart: $(VENV)/.installed
 # and the integration tier (whole runs: presets trained, resume, multi-host,
 # faults, launchers, notebooks; tests/conftest.py lists its files), sharing
 # one compilation cache. Two workers: the suite is mostly XLA compiles,
-# which use one core each.
-TIER = $(PY) -m pytest -q -n 2 -m
+# which use one core each. Each tier ends with its slowest tests.
+TIER = $(PY) -m pytest -q -n 2 --durations=15 -m
 test: $(VENV)/.test-installed
 	@cache=$$(mktemp -d) && trap 'rm -rf "$$cache"' EXIT && \
 	export JAX_COMPILATION_CACHE_DIR="$$cache" && \
