@@ -352,7 +352,7 @@ def test_checkpoints_save_retain_restore_and_verify_in_gcs(gcs):
 
 def _run_main(workdir: str, overrides: dict, background: bool = False):
   """`python -m pretrain_lm.main` on configs/bert.py:size=tiny."""
-  from conftest import REPO
+  from conftest import COMPILE_FLAGS, REPO
 
   cmd = [
     sys.executable,
@@ -366,7 +366,7 @@ def _run_main(workdir: str, overrides: dict, background: bool = False):
   # reads the first run's compiles back from the persistent cache.
   env = dict(
     os.environ,
-    XLA_FLAGS='',
+    XLA_FLAGS=COMPILE_FLAGS,
     JAX_PLATFORMS='cpu',
     JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS='0',
   )

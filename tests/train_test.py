@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from conftest import read_metrics
+from conftest import COMPILE_FLAGS, read_metrics
 from flax import linen as nn
 from jax.sharding import PartitionSpec as P
 
@@ -292,7 +292,9 @@ def run_main(workdir, overrides, check=True, env=None, **popen_kwargs):
     f'--workdir={workdir}',
     *override_flags(overrides),
   ]
-  env = dict(os.environ, XLA_FLAGS='', JAX_PLATFORMS='cpu', **(env or {}))
+  env = dict(
+    os.environ, XLA_FLAGS=COMPILE_FLAGS, JAX_PLATFORMS='cpu', **(env or {})
+  )
   if popen_kwargs.pop('background', False):
     return subprocess.Popen(
       cmd,
