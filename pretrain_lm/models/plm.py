@@ -177,17 +177,7 @@ class TwoStreamStack(nn.Module):
         [types, jnp.take_along_axis(types, targets_BP, 1)], 1
       )
     x = self.embedder(ids, positions, types, deterministic)
-    if x.shape[-1] != cfg.emb_dim:  # factorised embedding (ALBERT): E -> D
-      x = layers.dense(
-        self,
-        'embed_projection',
-        x,
-        (x.shape[-1], cfg.emb_dim),
-        (None, 'embed'),
-        'BLE,ED->BLD',
-        use_bias=True,
-        std=cfg.initializer_range,
-      )
+    x = transformer.to_model_dim(self, x, cfg)
     h_BLD = nn.with_logical_constraint(x[:, :L], layers.BLD)
     if targets_BP is None:
       return h_BLD, None

@@ -71,6 +71,23 @@ class Embedder(nn.Module):
     return nn.with_logical_constraint(x_BLE, layers.BLD)
 
 
+def to_model_dim(module: nn.Module, x_BLE: Array, cfg: ModelConfig) -> Array:
+  """The embeddings at the model width D: ALBERT's factorised embedding
+  projects the table width E up to D (`module`'s embed_projection)."""
+  if x_BLE.shape[-1] == cfg.emb_dim:
+    return x_BLE
+  return layers.dense(
+    module,
+    'embed_projection',
+    x_BLE,
+    (x_BLE.shape[-1], cfg.emb_dim),
+    (None, 'embed'),
+    'BLE,ED->BLD',
+    use_bias=True,
+    std=cfg.initializer_range,
+  )
+
+
 class TransformerLayer(nn.Module):
   """Self-attention (+ cross-attention) + feed-forward, post- or pre-LN.
 
@@ -254,17 +271,7 @@ class Stack(nn.Module):
         'position table); lower data.seq_len or raise model.max_len.'
       )
     x = self.embedder(ids_BL, positions_BL, type_ids_BL, deterministic)
-    if x.shape[-1] != cfg.emb_dim:  # factorised embedding (ALBERT): E -> D
-      x = layers.dense(
-        self,
-        'embed_projection',
-        x,
-        (x.shape[-1], cfg.emb_dim),
-        (None, 'embed'),
-        'BLE,ED->BLD',
-        use_bias=True,
-        std=cfg.initializer_range,
-      )
+    x = to_model_dim(self, x, cfg)
     x_BLD = nn.with_logical_constraint(x, layers.BLD)
     ctx = self._context(
       segment_ids_BL,
