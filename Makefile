@@ -35,10 +35,8 @@ quickstart: $(VENV)/.installed
 # and the integration tier (whole runs: presets trained, resume, multi-host,
 # faults, launchers, notebooks; tests/conftest.py lists its files), sharing
 # one compilation cache. Two workers: the suite is mostly XLA compiles,
-# which use one core each; an idle worker takes tests queued for the
-# other (worksteal), so one long test does not leave a core idle at the
-# end. Each tier ends with its slowest tests.
-TIER = $(PY) -m pytest -q -n 2 --dist worksteal --durations=15 -m
+# which use one core each. Each tier ends with its slowest tests.
+TIER = $(PY) -m pytest -q -n 2 --durations=15 -m
 test: $(VENV)/.test-installed
 	@cache=$$(mktemp -d) && trap 'rm -rf "$$cache"' EXIT && \
 	export JAX_COMPILATION_CACHE_DIR="$$cache" && \
