@@ -20,6 +20,8 @@ BUNDLED_SOURCE = os.path.join(CORPUS_DIR, 'wikitext-2', 'valid.txt')
 BUNDLED_EVAL = os.path.join(CORPUS_DIR, 'wikitext-2', 'test.txt')
 # checkpoint.on_corrupt: stop, or fall back to the next older checkpoint.
 ON_CORRUPT = ('fail', 'previous')
+PRNG_IMPLS = ('threefry', 'rbg', 'unsafe_rbg')  # train.prng_impl
+CROSS_ENTROPY = ('optax', 'fused')  # objective.cross_entropy
 # checkpoint.best_mode: the best checkpoint has the lowest or highest metric.
 BEST_MODES = ('min', 'max')
 
@@ -112,6 +114,13 @@ def run_train() -> ml_collections.ConfigDict:
   """The train fields of the training loop (pretrain_lm.training.loop)."""
   t = ml_collections.ConfigDict()
   t.seed = 0
+  # The PRNG that draws dropout's masks in the train step: 'threefry'
+  # (jax's default, the same masks on every backend) or 'rbg' /
+  # 'unsafe_rbg' (XLA's RngBitGenerator: fewer instructions per bit on
+  # GPUs and TPUs). The state's key stays threefry's either way, so a
+  # checkpoint resumes under any choice; a resumed run draws the masks of
+  # the choice it resumes with.
+  t.prng_impl = 'threefry'
   # Microbatches per step, scanned inside the jitted step with their
   # gradients summed: the update is data.batch_size's (still the global
   # batch) at 1/grad_accum_steps of the activation memory.
@@ -220,6 +229,12 @@ def model_section() -> ml_collections.ConfigDict:
   # [B, L, V] logits never exist at once (heads.chunked_target_xent).
   # Evaluation and decoding, which need the logits, are unaffected.
   m.logits_chunk = 0
+  # The token table's rows (and the output layer's columns) padded up to a
+  # multiple of this, so the vocabulary product runs in whole GEMM tiles
+  # (128 on GPUs); 1: vocab_size rows. The padded rows are never looked up
+  # and their logits are cut off before any loss or search, but the
+  # checkpoint's table has the padded shape.
+  m.vocab_multiple = 1
   m.dtype = 'float32'  # activations; 'bfloat16' on accelerators
   m.param_dtype = 'float32'
   return m
@@ -268,6 +283,12 @@ def objective_section() -> ml_collections.ConfigDict:
   o.min_prefix = 0.0
   # plm (XLNet): predict the last 1/plm_k of each factorisation order.
   o.plm_k = 6
+  # The token cross-entropy of every objective: 'optax' (optax's, over the
+  # logits cast to float32) or 'fused' (objectives/xent.py: one custom VJP
+  # whose forward and backward each read the half-precision logits once,
+  # with float32 arithmetic inside the fusion, saving only the logits and
+  # the log-sum-exp for the backward pass).
+  o.cross_entropy = 'optax'
   return o
 
 

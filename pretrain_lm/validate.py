@@ -311,6 +311,10 @@ def check_train(t: ml_collections.ConfigDict, batch_size: int) -> None:
     t.max_consecutive_skips >= 0,
     f'train.max_consecutive_skips={t.max_consecutive_skips} must be >= 0.',
   )
+  _require(
+    t.prng_impl in configlib.PRNG_IMPLS,
+    f'train.prng_impl={t.prng_impl!r}; expected one of {configlib.PRNG_IMPLS}.',
+  )
   check_monitoring(t)
   check_grad_accum(t.grad_accum_steps, batch_size)
 
@@ -328,6 +332,11 @@ def check_checkpoint(c: ml_collections.ConfigDict) -> None:
 def check_config(config: ml_collections.ConfigDict) -> None:
   """Raises ValueError/FileNotFoundError naming the first bad field."""
   check_fields(config)  # milliseconds: before anything that reads files
+  _require(
+    config.objective.cross_entropy in configlib.CROSS_ENTROPY,
+    f'objective.cross_entropy={config.objective.cross_entropy!r}; expected '
+    f'one of {configlib.CROSS_ENTROPY}.',
+  )
   objective = _check_model_and_objective(config)
   _check_schedule(config)
   check_cache_dir(config.train.compilation_cache_dir)

@@ -68,6 +68,7 @@ class ModelConfig:
   remat: str = 'none'
   attention_impl: str = 'einsum'
   logits_chunk: int = 0
+  vocab_multiple: int = 1  # token table rows padded to a multiple of this
   dtype: str = 'float32'
   param_dtype: str = 'float32'
 
@@ -85,6 +86,7 @@ class ModelConfig:
       'head_dim',
       'mlp_dim',
       'max_len',
+      'vocab_multiple',
     ):
       if getattr(self, name) <= 0:
         raise ValueError(f'model.{name}={getattr(self, name)} must be > 0.')
@@ -108,6 +110,13 @@ class ModelConfig:
   def token_dim(self) -> int:
     """E: the width of the token embedding table (factorised if < D)."""
     return self.embed_dim or self.emb_dim
+
+  @property
+  def padded_vocab(self) -> int:
+    """The token table's rows: vocab_size up to a multiple of
+    vocab_multiple. Logits beyond vocab_size are cut off at the head."""
+    m = self.vocab_multiple
+    return -(-self.vocab_size // m) * m
 
   @property
   def decoder_layers(self) -> int:
