@@ -81,6 +81,7 @@ def lower_train_step(
       shardings,
       mesh,
       grad_accum_steps=step_lib.check_grad_accum(config, mesh),
+      prng_impl=config.train.prng_impl,
     )
     return step.lower(state, batch)
 

@@ -46,6 +46,8 @@ def describe() -> dict[str, str | int]:
     **cpu_model(),
     'cpu_cores': len(os.sched_getaffinity(0)),
     'jax': jax.__version__,
+    # JAX's default PRNG (JAX_DEFAULT_PRNG_IMPL), the state's key; a train
+    # run's dropout masks follow train.prng_impl (its train_prng_impl).
     'prng_impl': jax.config.jax_default_prng_impl,
     'date': datetime.date.today().isoformat(),
   }

@@ -79,6 +79,7 @@ class TrainBench:
     self.flops = trainer.model.train_flops(trainer.model_config, shapes)
     self.microbatches = trainer.microbatches
     self.peak_flops, self.peak_source = peak_flops(config)
+    self.prng_impl = config.train.prng_impl
 
   def figures(self) -> dict[str, Any]:
     """Step time, throughput, MFU, FLOPs and memory of the timed `run`."""
@@ -90,6 +91,9 @@ class TrainBench:
       **timing.run_figures(self.run, self.tokens, self.flops, self.peak_flops),
       'peak_source': self.peak_source,
       'pad_fraction': pad_fraction(self.host_batch),
+      # The dropout masks' PRNG (machine.describe's prng_impl is JAX's
+      # default, the state's key).
+      'train_prng_impl': self.prng_impl,
     }
     if self.microbatches > 1:
       # XLA's cost analysis counts a loop's body once, so a step scanning

@@ -7,9 +7,47 @@ import jax.numpy as jnp
 import ml_collections
 import optax
 from flax import linen as nn
+from jax.extend import random as jax_prng
 
-from pretrain_lm import sharding, validate
+from pretrain_lm import configlib, sharding, validate
 from pretrain_lm.training.state import TrainState
+
+# train.prng_impl's XLA RngBitGenerator choices, by name ('threefry' is the
+# state's own key, used as it is).
+RBG_IMPLS = {
+  'rbg': jax_prng.rbg_prng_impl,
+  'unsafe_rbg': jax_prng.unsafe_rbg_prng_impl,
+}
+
+
+def check_prng_impl(prng_impl: str) -> str:
+  """train.prng_impl, or a ValueError naming the field and its choices."""
+  if prng_impl not in configlib.PRNG_IMPLS:
+    raise ValueError(
+      f'train.prng_impl={prng_impl!r}; expected one of {configlib.PRNG_IMPLS}.'
+    )
+  return prng_impl
+
+
+def dropout_key(rng, step, prng_impl: str = 'threefry') -> jax.Array:
+  """The key that draws step `step`'s dropout masks (train.prng_impl).
+
+  `rng` is the state's raw key data, folded with the step, so the masks
+  are a function of (seed, step) alone and a resumed run draws those an
+  uninterrupted one would. 'threefry' hands that key to the model as it
+  is. 'rbg' and 'unsafe_rbg' fill their own key's data (uint32[4]) with
+  that key's random bits: still a function of (seed, step), and the state
+  keeps its threefry key, so a checkpoint resumes under any choice. Their
+  masks are not threefry's, nor the same bits on every backend; and
+  unsafe_rbg's split and fold_in (per microbatch here, per dropout layer
+  in Flax) trade threefry's guarantees for speed (jax.random's docs).
+  """
+  key = jax.random.fold_in(jax.random.wrap_key_data(rng), step)
+  if check_prng_impl(prng_impl) == 'threefry':
+    return key
+  impl = RBG_IMPLS[prng_impl]
+  data = jax.random.bits(key, impl.key_shape, jnp.uint32)
+  return jax.random.wrap_key_data(data, impl=impl)
 
 
 def step_is_finite(loss, grad_norm, updates) -> jax.Array:
@@ -62,11 +100,14 @@ def train_step(
   loss_fn,
   schedule,
   grad_accum_steps: int = 1,
+  prng_impl: str = 'threefry',
 ):
-  """One optimizer step; pure, so jit can shard and donate it."""
-  dropout_rng = jax.random.fold_in(
-    jax.random.wrap_key_data(state.rng), state.step
-  )
+  """One optimizer step; pure, so jit can shard and donate it.
+
+  `prng_impl` (train.prng_impl) picks the PRNG of the dropout masks
+  (dropout_key).
+  """
+  dropout_rng = dropout_key(state.rng, state.step, prng_impl)
 
   def compute_loss(params, batch, rng):
     outputs = model.apply(
@@ -173,6 +214,7 @@ def jit_train_step(
   mesh,
   *,
   grad_accum_steps: int = 1,
+  prng_impl: str = 'threefry',
 ):
   """train_step jitted into the state's and the batch's shardings."""
   return jax.jit(
@@ -183,6 +225,7 @@ def jit_train_step(
       loss_fn=loss_fn,
       schedule=schedule,
       grad_accum_steps=grad_accum_steps,
+      prng_impl=check_prng_impl(prng_impl),
     ),
     in_shardings=(shardings, sharding.batch_sharding(mesh)),
     out_shardings=(shardings, sharding.replicated(mesh)),
@@ -215,8 +258,9 @@ def shapes_key(batch: dict) -> tuple:
 
 
 def jit_job_step(job, grad_accum_steps: int):
-  """A trainer's step (its model, optimizer, loss, schedule, shardings and
-  mesh), jitted with `grad_accum_steps` microbatches."""
+  """A trainer's step (its model, optimizer, loss, schedule, shardings,
+  mesh and config's train.prng_impl), jitted with `grad_accum_steps`
+  microbatches."""
   return jit_train_step(
     job.model,
     job.tx,
@@ -225,4 +269,5 @@ def jit_job_step(job, grad_accum_steps: int):
     job.shardings,
     job.mesh,
     grad_accum_steps=grad_accum_steps,
+    prng_impl=job.config.train.prng_impl,
   )
