@@ -28,6 +28,8 @@ An objective is one module with:
   next-sentence prediction takes its random B from it).
 """
 
+import functools
+
 from pretrain_lm.data import pipeline
 from pretrain_lm.objectives import (
   bilm,
@@ -40,6 +42,7 @@ from pretrain_lm.objectives import (
   reconstruct,
   span_corruption,
   ul2,
+  xent,
 )
 
 OBJECTIVES = {
@@ -58,10 +61,24 @@ OBJECTIVES = {
 
 
 def loss_fn(objective, config):
-  """The objective's loss function for the `objective` config section."""
-  if hasattr(objective, 'make_loss'):
-    return objective.make_loss(config)
-  return objective.loss
+  """The objective's loss function for the `objective` config section.
+
+  Calls to it compute the token cross-entropies with
+  `config.cross_entropy` (xent.token_xent reads it while the loss traces).
+  """
+  loss = (
+    objective.make_loss(config)
+    if hasattr(objective, 'make_loss')
+    else objective.loss
+  )
+  impl = config.cross_entropy
+
+  @functools.wraps(loss)
+  def with_cross_entropy(*args, **kwargs):
+    with xent.implementation(impl):
+      return loss(*args, **kwargs)
+
+  return with_cross_entropy
 
 
 def num_reserved_ids(objective, config) -> int:

@@ -9,10 +9,10 @@ y = data[i+1:i+L+1]. A target in another packed document than its input
 import jax
 import jax.numpy as jnp
 import ml_collections
-import optax
 import tensorflow as tf
 
 from pretrain_lm.data import tokenizer as tokenizer_lib
+from pretrain_lm.objectives import xent as xent_lib
 
 FAMILIES = ('decoder',)
 
@@ -66,10 +66,7 @@ def loss(
 
 def token_cross_entropy(logits, labels, weights):
   """Weighted mean cross-entropy and accuracy; also for seq2seq targets."""
-  # float32 softmax: bfloat16 log-sum-exp over a large vocab loses precision.
-  logits = logits.astype(jnp.float32)
-  xent = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
-  correct = (jnp.argmax(logits, -1) == labels).astype(jnp.float32)
+  xent, correct = xent_lib.token_xent(logits, labels)
   return weighted_means(xent, correct, weights)
 
 

@@ -35,6 +35,7 @@ import tensorflow as tf
 
 from pretrain_lm.data import tokenizer as tokenizer_lib
 from pretrain_lm.objectives import sentence_pairs
+from pretrain_lm.objectives import xent as xent_lib
 
 FAMILIES = ('encoder',)
 MASKINGS = ('token', 'whole_word', 'span')
@@ -473,16 +474,13 @@ def loss(
     'mlm_loss', 'sentence_loss' and 'sentence_accuracy' with a sentence
     task.
   """
-  # float32 softmax: bfloat16 log-sum-exp over a large vocab loses precision.
-  logits = outputs['mlm_logits'].astype(jnp.float32)
   labels = batch['masked_ids']
   weights = batch['masked_weights'].astype(jnp.float32)
-  xent = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
+  xent, correct = xent_lib.token_xent(outputs['mlm_logits'], labels)
   num_predictions = jnp.sum(weights)
   # A batch with nothing to predict gives 0, not NaN.
   denominator = jnp.maximum(num_predictions, 1e-8)
   mean_loss = jnp.sum(xent * weights) / denominator
-  correct = (jnp.argmax(logits, -1) == labels).astype(jnp.float32)
   accuracy = jnp.sum(correct * weights) / denominator
   metrics = {
     'loss': mean_loss,
