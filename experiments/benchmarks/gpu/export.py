@@ -153,8 +153,10 @@ def _export(config, workdir, platform, disabled, mesh):
     'objective': config.objective.name,
     'platform': platform,
     'jax_exported_with': jax.__version__,
-    # Dropout's masks are drawn with the PRNG the step was lowered with.
-    'prng_impl': jax.config.jax_default_prng_impl,
+    # The PRNG dropout's masks are drawn with in the step.
+    'prng_impl': config.train.prng_impl,
+    'cross_entropy': config.objective.cross_entropy,
+    'vocab_multiple': config.model.vocab_multiple,
     'attention_impl': config.model.attention_impl,
     'dtype': config.model.dtype,
     'batch_size': config.data.batch_size,

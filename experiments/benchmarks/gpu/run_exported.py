@@ -2,6 +2,7 @@
 
   PYTHONPATH=. python3 experiments/benchmarks/gpu/run_exported.py DIR \
       [DIR ...] [--steps=N] [--compile_only] [--profile_dir=D]
+      [--init=random] [--deadline=UNIX_TIME]
 
 Run from the repository root (PYTHONPATH=. makes pretrain_lm importable
 where it is not installed). Deserializes DIR's init and step, builds the
@@ -19,7 +20,14 @@ device memory, no run) and reports the compile times: with JAX's
 persistent compilation cache on, several of them can compile side by side
 in separate processes, and the timing run that follows loads the programs
 from the cache. --profile_dir traces two more steps after the timed ones
-and adds where their time went (trace_summary.py) to the JSON line.
+and adds where their time went (trace_summary.py: per op, and grouped) to
+the JSON line. --init=random fills the state with small random values of
+its shapes instead of compiling and running the initialisation: a step's
+kernels and their time do not depend on the values, and an unrolled
+model's initialisation compiles longer than its step. --deadline skips the
+DIRs not started by then (a JSON line says so), so a run planned for a
+fixed time on a lent machine ends inside it. The plan's labels in the
+manifest ('meta': row, variant, levers) are copied into each line.
 """
 
 import argparse
@@ -56,13 +64,30 @@ def log(message: str) -> None:
   print(f'[{time.strftime("%H:%M:%S")}] {message}', file=sys.stderr, flush=True)
 
 
-def compile_only(directory: str) -> dict:
-  """Compiles DIR's init and step for their shapes; returns the times."""
+def random_state(init) -> list[jax.Array]:
+  """The state's leaves, of init's output shapes and dtypes: floating ones
+  |N(0, 0.02^2)| (the models' initialiser scale; positive, as the
+  optimizers' second moments must be), the rest 0."""
+  rng = np.random.default_rng(0)
+  leaves = []
+  for aval in init.out_avals:
+    if jax.numpy.issubdtype(aval.dtype, jax.numpy.floating):
+      x = np.abs(0.02 * rng.standard_normal(aval.shape)).astype(aval.dtype)
+    else:
+      x = np.zeros(aval.shape, aval.dtype)
+    leaves.append(jax.device_put(x))
+  return jax.tree.unflatten(init.out_tree, leaves)
+
+
+def compile_only(directory: str, *, init_random: bool = False) -> dict:
+  """Compiles DIR's step (and its init unless `init_random`) for their
+  shapes; returns the times."""
   manifest, init, step, batch = load(directory)
   device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
   batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in batch.items()}
   start = time.perf_counter()
-  jax.jit(init.call).lower(batch).compile()
+  if not init_random:
+    jax.jit(init.call).lower(batch).compile()
   init_compile_s = time.perf_counter() - start
   # The init's outputs are committed to the device: so is the step's state.
   leaves = jax.tree.map(
@@ -89,22 +114,33 @@ def _setting(directory: str, manifest: dict) -> dict:
     'jax': jax.__version__,
     'xla_flags': os.environ.get('XLA_FLAGS', ''),
     'batch_size': manifest['batch_size'],
+    **manifest.get('meta', {}),
   }
 
 
 def run(
-  directory: str, *, steps: int, warmup: int, profile_dir: str | None = None
+  directory: str,
+  *,
+  steps: int,
+  warmup: int,
+  profile_dir: str | None = None,
+  init_random: bool = False,
 ) -> dict:
   """Times DIR's step; returns the figures (and the profile's summary if
   `profile_dir` is given)."""
   manifest, init, step, batch = load(directory)
   batch = jax.device_put(batch)
-  log(f'{directory}: compiling and running the initialisation')
   start = time.perf_counter()
-  init_compiled = jax.jit(init.call).lower(batch).compile()
-  init_compile_s = time.perf_counter() - start
-  start = time.perf_counter()
-  leaves = jax.block_until_ready(init_compiled(batch))
+  if init_random:
+    log(f"{directory}: a random state of the init's shapes")
+    init_compile_s = 0.0
+    leaves = jax.block_until_ready(random_state(init))
+  else:
+    log(f'{directory}: compiling and running the initialisation')
+    init_compiled = jax.jit(init.call).lower(batch).compile()
+    init_compile_s = time.perf_counter() - start
+    start = time.perf_counter()
+    leaves = jax.block_until_ready(init_compiled(batch))
   init_run_s = time.perf_counter() - start
   log(f'{directory}: compiling and timing the step')
   jitted = jax.jit(step.call, donate_argnums=0)
@@ -125,6 +161,8 @@ def run(
     'jax_exported_with': manifest['jax_exported_with'],
     'prng_impl': manifest.get('prng_impl', 'not recorded'),
     'host': platform.node(),
+    'date': time.strftime('%Y-%m-%d'),
+    'state': 'random' if init_random else 'init',
     'shapes': manifest['shapes'],
     'tokens_per_step': tokens,
     'init_compile_s': init_compile_s,
@@ -151,6 +189,7 @@ def run(
       log(f'{directory}: no profile: {result["profile_error"]}')
     else:
       result['profile'] = summary
+      result['profile_groups'] = trace_summary.group_times(summary)
       table = trace_summary.report(summary, timed.step)
       print(f'== {name}\n{table}', file=sys.stderr)
   return result
@@ -171,22 +210,41 @@ def main(argv: list[str]) -> int:
     default=None,
     help='Trace two steps after the timed ones here and summarise them.',
   )
+  parser.add_argument(
+    '--init',
+    choices=('compiled', 'random'),
+    default='compiled',
+    help="The state: the exported init's, or random values of its shapes.",
+  )
+  parser.add_argument(
+    '--deadline',
+    type=float,
+    default=0.0,
+    help='Unix time after which no further DIR is started (0: none).',
+  )
   args = parser.parse_args(argv)
   xla_flags.apply_gpu_defaults()  # before JAX starts a backend
   failed = 0
+  init_random = args.init == 'random'
   for directory in args.dirs:
+    if args.deadline and time.time() > args.deadline:
+      print(json.dumps({'exported': directory, 'skipped': 'deadline'}))
+      continue
     try:
       if args.compile_only:
-        result = compile_only(directory)
+        result = compile_only(directory, init_random=init_random)
       else:
         result = run(
           directory,
           steps=args.steps,
           warmup=args.warmup,
           profile_dir=args.profile_dir,
+          init_random=init_random,
         )
     except Exception as e:  # noqa: BLE001 (report it, time the others)
-      print(f'{directory}: {type(e).__name__}: {e}', file=sys.stderr)
+      error = f'{type(e).__name__}: {e}'
+      print(f'{directory}: {error}', file=sys.stderr)
+      print(json.dumps({'exported': directory, 'error': error[:2000]}))
       failed += 1
       continue
     print(json.dumps(result), flush=True)

@@ -11,8 +11,10 @@ the per-HLO-op line the profiler derives from them); on the CPU, the
 threads that run XLA's thunks, summed over threads (so busy time can
 exceed the wall time). On a device, a stream's busy time against the
 steps' wall time says how much of a step it sat idle (host overhead,
-launch gaps). run_exported.py imports this on machines without our input
-stack: jax and the standard library only.
+launch gaps). `group_times` sorts the ops into the groups the GPU table
+reports (GEMM, attention, element-wise and reduction fusions, copies,
+collectives, other) and the idle time. run_exported.py imports this on
+machines without our input stack: jax and the standard library only.
 """
 
 import collections
@@ -39,7 +41,9 @@ _CPU_NOT_OPS = (
 def profile_steps(
   step: Any, state: Any, batch: Any, *, steps: int, directory: str
 ) -> tuple[Any, dict]:
-  """Runs `steps` steps (each waited for) under the profiler.
+  """Runs `steps` steps under the profiler, each dispatched while the last
+  runs and waited for once at the end, as the training loop runs them (so
+  the idle time is the device's, not a wait per step).
 
   Returns the new state and `summarize`'s summary, with `wall_s` the
   steps' total wall time.
@@ -49,7 +53,7 @@ def profile_steps(
     start = time.perf_counter()
     for _ in range(steps):
       state, metrics = step(state, batch)
-      jax.block_until_ready((state, metrics))
+    jax.block_until_ready((state, metrics))
     wall_s = time.perf_counter() - start
   paths = glob.glob(
     os.path.join(directory, '**', '*.trace.json.gz'), recursive=True
@@ -122,6 +126,96 @@ def summarize(trace_path: str) -> dict:
         },
       }
       for line, c in ops.items()
+    },
+  }
+
+
+# Kernel (or HLO op) name -> group, the first pattern that matches, tried
+# in this order on the lower-cased name. The names are cuBLAS's (nvjet_*,
+# *gemm*, cublasLt's split-K reduction), cuDNN's (fused attention; its
+# layer norm when XLA is asked for it), XLA's fusions (loop_*, input_*,
+# fusion_N, wrapped_*) and copies (memcpy*, Memset), NCCL's collectives,
+# and on the CPU the HLO ops of XLA's thunks.
+GROUPS = ('gemm', 'attention', 'fusions', 'copies', 'collectives', 'other')
+_PATTERNS = (
+  (
+    'collectives',
+    r'nccl|all[-_]?reduce|all[-_]?gather|reduce[-_]scatter|all[-_]to[-_]all'
+    r'|collective[-_]permute',
+  ),
+  ('fusions', r'cudnn.*norm|norm.*cudnn'),
+  ('attention', r'sdpa|fmha|flash|attention|cudnn'),
+  ('gemm', r'gemm|nvjet|xmma|cutlass|cublas|splitkreduce|^ynn|^dot\b|^dot[._]'),
+  ('copies', r'memcpy|memset|^copy\b|^copy[._]'),
+  ('fusions', r'fusion|^loop_|^input_|^wrapped_|^triton|reduce|convert|rng'),
+)
+# XLA names a fusion after its ops ('input_concatenate_fusion_10'); one
+# made of these alone only moves data, so it counts as a copy.
+_MOVES = {
+  'copy',
+  'transpose',
+  'concatenate',
+  'slice',
+  'dynamic',
+  'update',
+  'pad',
+  'bitcast',
+  'reshape',
+  'broadcast',
+}
+
+
+def op_group(name: str) -> str:
+  """The GROUPS entry a kernel or HLO op named `name` belongs to."""
+  lower = name.lower()
+  words = re.sub(r'^(loop|input|output|wrapped)_|_fusion.*$|_\d+$', '', lower)
+  if lower != words and set(words.split('_')) <= _MOVES:
+    return 'copies'
+  for group, pattern in _PATTERNS:
+    if re.search(pattern, lower):
+      return group
+  return 'other'
+
+
+def device_timelines(summary: dict) -> list[str]:
+  """The timelines whose ops are the device's kernels: the GPU's streams,
+  else the CPU's thunk threads."""
+  streams = [n for n in summary['timelines'] if n.startswith('Stream')]
+  return streams or [n for n in summary['timelines'] if n == 'CPU thunks']
+
+
+def group_times(summary: dict) -> dict:
+  """Milliseconds per step in each of GROUPS, and idle, from a profile.
+
+  `idle` is the steps' wall time that no kernel covered: the wall time
+  less the busiest timeline's busy time (none below 0; on the CPU, whose
+  threads run side by side, busy time can exceed the wall). `shares` are
+  each group's and idle's part of the wall time, `top` the largest ops
+  of each group (ms per step), so a table can name what fills a group.
+  """
+  steps = summary.get('steps', 1)
+  wall_ms = summary['wall_s'] * 1e3 / steps
+  ms = dict.fromkeys(GROUPS, 0.0)
+  top = {g: {} for g in GROUPS}
+  lines = device_timelines(summary)
+  for line in lines:
+    for op, total in summary['timelines'][line]['ops'].items():
+      group = op_group(op)
+      ms[group] += total / steps
+      top[group][op] = top[group].get(op, 0.0) + total / steps
+  busy = max(
+    (summary['timelines'][n]['busy_ms'] / steps for n in lines), default=0.0
+  )
+  ms['idle'] = max(wall_ms - busy, 0.0)
+  return {
+    'wall_ms': wall_ms,
+    'kernel_ms': sum(ms[g] for g in GROUPS),
+    'ms': ms,
+    'shares': {g: t / wall_ms for g, t in ms.items()} if wall_ms else {},
+    'top': {
+      g: dict(sorted(ops.items(), key=lambda kv: -kv[1])[:3])
+      for g, ops in top.items()
+      if ops
     },
   }
 
