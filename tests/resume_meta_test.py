@@ -83,6 +83,7 @@ def test_checkpoint_meta_records_tokenizer_stream_and_run(trained):
   # Eval-only and loss-only fields do not decide the training batches.
   assert 'data.eval_batches' not in fields
   assert 'objective.disc_weight' not in fields
+  assert 'objective.cross_entropy' not in fields
   run = meta['run']
   assert run['config'] == workdir_lib.read_json(f'{trained}/config.json')
   assert run['versions']['jax'] == jax.__version__
@@ -116,7 +117,7 @@ def test_fingerprint_follows_the_stream_not_paths_or_eval(trained, tmp_path):
   for same in (
     {'data.source': str(moved), 'data.eval_source': str(moved_eval)},
     {'data.eval_batches': 3, 'train.num_steps': 1000},
-    {'objective.disc_weight': 1.0},
+    {'objective.disc_weight': 1.0, 'objective.cross_entropy': 'fused'},
   ):
     assert stream(**same) == dict(base, source=stream(**same)['source'])
   # A truncated copy, or stages that move with num_steps, are not.

@@ -18,7 +18,7 @@ from pretrain_lm.data import pipeline, prepared, records, sources
 
 # objective.* fields that only a loss reads: changing one mid-run leaves
 # every batch as it was, so they are not part of the data stream.
-LOSS_ONLY_FIELDS = ('disc_weight',)
+LOSS_ONLY_FIELDS = ('disc_weight', 'cross_entropy')
 
 
 def _files_identity(source: str) -> str:
