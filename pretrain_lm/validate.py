@@ -337,6 +337,14 @@ def check_config(config: ml_collections.ConfigDict) -> None:
     f'objective.cross_entropy={config.objective.cross_entropy!r}; expected '
     f'one of {configlib.CROSS_ENTROPY}.',
   )
+  _require(
+    not (
+      config.objective.cross_entropy == 'fused' and config.model.logits_chunk
+    ),
+    f'objective.cross_entropy=fused has no effect with model.logits_chunk='
+    f'{config.model.logits_chunk}: the chunked head computes its own '
+    'cross-entropy. Set one of them.',
+  )
   objective = _check_model_and_objective(config)
   _check_schedule(config)
   check_cache_dir(config.train.compilation_cache_dir)

@@ -128,10 +128,25 @@ def test_out_of_range_names_the_field(field, value):
   [
     ('checkpoint.best_mode', 'highest', "('min', 'max')"),
     ('checkpoint.on_corrupt', 'skip', "('fail', 'previous')"),
+    ('train.prng_impl', 'philox', "('threefry', 'rbg', 'unsafe_rbg')"),
+    ('objective.cross_entropy', 'chunked', "('optax', 'fused')"),
   ],
 )
 def test_bad_choice_names_the_field_and_the_choices(field, value, choices):
   _fails(_config(**{field: value}), f'{field}={value!r}', choices)
+
+
+def test_gpu_levers_take_valid_values_and_exclude_what_they_cannot_join():
+  _fails(_config(**{'model.vocab_multiple': 0}), 'model.vocab_multiple=0')
+  _fails(
+    _config(**{'objective.cross_entropy': 'fused', 'model.logits_chunk': 64}),
+    'objective.cross_entropy=fused has no effect with model.logits_chunk=64',
+  )
+  c = _config(**{'objective.cross_entropy': 'fused', 'model.vocab_multiple': 8})
+  validate.check_fields(c)
+  assert model_config.ModelConfig.from_config(c.model).padded_vocab == (
+    -(-c.model.vocab_size // 8) * 8
+  )
 
 
 def test_field_checks_come_before_any_file_is_read(tmp_path):
@@ -366,6 +381,7 @@ def test_finetune_schema_extends_the_run_sections():
     ('optimizer.learning_rate', -1.0, 'optimizer.learning_rate=-1.0 must'),
     ('checkpoint.keep', -1, 'checkpoint.keep=-1 must be >= 0.'),
     ('checkpoint.on_corrupt', 'skip', "checkpoint.on_corrupt='skip'; expected"),
+    ('train.prng_impl', 'philox', "train.prng_impl='philox'; expected"),
   ],
 )
 def test_shared_fields_fail_alike_in_both_schemas(
