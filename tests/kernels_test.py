@@ -4,7 +4,8 @@ the kernels agree, and each keeps its own promises.
 The einsum kernel against jax.nn's XLA kernel on causal, padded and biased
 attention, outputs and gradients; its attention dropout's rate and scale;
 the cuDNN path's mask handling, lowered here for a GPU, and on a GPU its
-outputs and gradients against the einsum kernel's.
+outputs and gradients against the einsum kernel's; every family's every
+attention on the kernel the config names.
 """
 
 import dataclasses
@@ -307,3 +308,101 @@ def test_cudnn_and_einsum_kernels_agree_on_a_gpu(case):
       g, w = g[keep], w[keep]
     scale = np.abs(w).max()
     np.testing.assert_allclose(g, w, rtol=0, atol=2e-2 * scale, err_msg=name)
+
+
+def family_batch(family: str, B: int = 2, L: int = 16, P: int = 4):
+  """A packed batch (two documents in row 0) for any family."""
+  segments = np.ones((B, L), np.int32)
+  segments[0, L // 2 :] = 2
+  ids = np.arange(5, 5 + B * L, dtype=np.int32).reshape(B, L) % 60 + 5
+  inputs = {'input_ids': ids, 'segment_ids': segments}
+  if family == 'encoder_decoder':
+    return {
+      'encoder_input_ids': ids,
+      'encoder_segment_ids': segments,
+      'decoder_input_ids': ids,
+      'decoder_segment_ids': segments,
+    }
+  if family in ('encoder', 'electra', 'plm'):
+    inputs['masked_positions'] = np.tile(np.arange(P, dtype=np.int32), (B, 1))
+    inputs['masked_weights'] = np.ones((B, P), np.float32)
+    inputs['masked_ids'] = ids[:, :P]
+  if family == 'plm':
+    rank = np.full((B, L), -1, np.int32)
+    rank[:, :P] = np.arange(P)
+    inputs['perm_rank'] = rank
+  return inputs
+
+
+FAMILY_VARIANTS = {
+  'encoder': {},
+  'decoder': {'norm_position': 'pre'},
+  'encoder_decoder': {'position': 'relative', 'norm_type': 'rmsnorm'},
+  'electra': {},
+  'bilm': {},
+  'plm': {},
+}
+
+
+@pytest.mark.parametrize('family', FAMILY_VARIANTS)
+def test_every_attention_of_every_family_runs_on_the_named_kernel(
+  family, monkeypatch
+):
+  # attention_impl=cudnn reaches each family's every attention (self,
+  # cross, XLNet's two streams, ELECTRA's generator, both biLM directions)
+  # with the segment mask, the causal flag where the mask is causal, and
+  # T5's relative bias; no attention falls back to the einsum kernel.
+  from pretrain_lm.models import MODELS  # noqa: PLC0415
+  from pretrain_lm.models.config import size_preset  # noqa: PLC0415
+
+  calls = []
+  einsum_attention = einsum.attention
+
+  def spy_einsum(*args, **kw):
+    calls.append(('einsum', None, None))
+    return einsum_attention(*args, **kw)
+
+  def spy_fused(*args, causal, implementation, **kw):
+    calls.append((implementation, causal, kw['bias_BHLS'] is not None))
+    assert kw['mask_B1LS'] is not None  # packed segments, always masked
+    return einsum_attention(*args, **kw)
+
+  monkeypatch.setattr(einsum, 'attention', spy_einsum)
+  monkeypatch.setattr(cudnn, 'attention', spy_fused)
+  cfg = ModelConfig(
+    family=family,
+    vocab_size=64,
+    max_len=32,
+    dropout_rate=0.0,
+    attention_dropout_rate=0.0,
+    attention_impl='cudnn',
+    dtype='bfloat16',
+    **{**size_preset('tiny'), **FAMILY_VARIANTS[family]},
+  )
+  model = MODELS[family](cfg)
+  batch = family_batch(family)
+  params = model.init(jax.random.key(0), batch, deterministic=True)
+  calls.clear()
+  model.apply(params, batch, deterministic=True)
+  layers_run = {
+    'encoder': 2,
+    'decoder': 2,
+    'encoder_decoder': 6,  # encoder 2, decoder self 2, cross 2
+    'electra': 4,  # generator 2, discriminator 2
+    'bilm': 4,  # forward 2, backward 2
+    'plm': 4,  # content and query streams, 2 layers each
+  }[family]
+  assert len(calls) == layers_run, calls
+  assert {impl for impl, _, _ in calls} == {'cudnn'}
+  causal = [c for _, c, _ in calls]
+  biased = [b for _, _, b in calls]
+  if family in ('decoder', 'bilm'):
+    assert all(causal)
+  elif family == 'encoder_decoder':
+    # Self-attention in both stacks carries T5's relative bias; the
+    # decoder's is causal; cross-attention has neither.
+    assert sorted(zip(causal, biased, strict=True)) == sorted(
+      [(False, True)] * 2 + [(True, True)] * 2 + [(False, False)] * 2
+    )
+  else:
+    assert not any(causal) and not any(biased)
