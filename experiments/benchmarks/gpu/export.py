@@ -183,7 +183,7 @@ def write(out: str, manifest, init: bytes, step: bytes, batch) -> None:
     f.write(init)
   with open(os.path.join(out, 'step.bin'), 'wb') as f:
     f.write(step)
-  np.savez(os.path.join(out, 'batch.npz'), **batch)
+  np.savez_compressed(os.path.join(out, 'batch.npz'), **batch)
   with open(os.path.join(out, 'manifest.json'), 'w') as f:
     json.dump(manifest, f, indent=1, default=str)
 
