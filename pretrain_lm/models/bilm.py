@@ -33,7 +33,7 @@ class BiLMModel(nn.Module):
 
   def setup(self):
     cfg = self.cfg
-    self.token_embed = layers.Embed(cfg.vocab_size, cfg, cfg.token_dim)
+    self.token_embed = layers.Embed(cfg.padded_vocab, cfg, cfg.token_dim)
     self.embeddings = transformer.Embedder(cfg, self.token_embed)
     stack = dict(
       cfg=cfg,
@@ -75,7 +75,11 @@ class BiLMModel(nn.Module):
 
   @staticmethod
   def train_flops(cfg: ModelConfig, shapes: dict[str, tuple]) -> float:
-    """Model FLOPs of one step: two stacks and two D x V logits per token."""
+    """Model FLOPs of one step: two stacks and two D x V logits per token.
+
+    V is model.vocab_size, not padded_vocab: only the useful columns of
+    the output product are credited.
+    """
     B, L = shapes['input_ids']
     per_token = transformer.stack_flops_per_token(
       cfg, cfg.num_layers, L, causal=True

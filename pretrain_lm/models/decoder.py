@@ -54,7 +54,7 @@ class DecoderModel(nn.Module):
 
   def setup(self):
     cfg = self.cfg
-    self.token_embed = layers.Embed(cfg.vocab_size, cfg, cfg.token_dim)
+    self.token_embed = layers.Embed(cfg.padded_vocab, cfg, cfg.token_dim)
     self.embeddings = transformer.Embedder(cfg, self.token_embed)
     self.decoder = transformer.Stack(
       cfg,
@@ -95,6 +95,8 @@ class DecoderModel(nn.Module):
     """Model FLOPs of one step: the stack plus the D x V logits per token.
 
     A prefix LM's batch (prefix_mask) attends over the whole L x L square.
+    V is model.vocab_size, not padded_vocab: only the useful columns of
+    the output product are credited.
     """
     B, L = shapes['input_ids']
     per_token = transformer.stack_flops_per_token(

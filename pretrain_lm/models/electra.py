@@ -76,7 +76,7 @@ class ElectraModel(nn.Module):
   def setup(self):
     cfg = self.cfg
     gen = generator_config(cfg)
-    self.token_embed = layers.Embed(cfg.vocab_size, cfg, cfg.token_dim)
+    self.token_embed = layers.Embed(cfg.padded_vocab, cfg, cfg.token_dim)
     self.embeddings = transformer.Embedder(cfg, self.token_embed)
     self.generator = transformer.Stack(
       gen, self.embeddings, cfg.num_layers, causal=False
@@ -130,7 +130,11 @@ class ElectraModel(nn.Module):
 
   @staticmethod
   def train_flops(cfg: ModelConfig, shapes: dict[str, tuple]) -> float:
-    """Both bodies, the generator's MLM head at P positions, the disc head."""
+    """Both bodies, the generator's MLM head at P positions, the disc head.
+
+    The MLM head's output product counts vocab_size columns, not
+    padded_vocab: only the useful work is credited.
+    """
     B, L = shapes['input_ids']
     P = shapes['masked_positions'][1]
     gen = generator_config(cfg)

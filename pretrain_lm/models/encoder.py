@@ -56,7 +56,7 @@ class EncoderModel(nn.Module):
 
   def setup(self):
     cfg = self.cfg
-    self.token_embed = layers.Embed(cfg.vocab_size, cfg, cfg.token_dim)
+    self.token_embed = layers.Embed(cfg.padded_vocab, cfg, cfg.token_dim)
     self.embeddings = transformer.Embedder(cfg, self.token_embed)
     self.encoder = transformer.Stack(
       cfg,
@@ -120,7 +120,8 @@ class EncoderModel(nn.Module):
 
     The MLM head (D x E transform + E x V output) runs only at the P
     predicted positions of each row, and so does the last layer (plus
-    [CLS] with a sentence task).
+    [CLS] with a sentence task). The output product counts vocab_size
+    columns, not padded_vocab: only the useful work is credited.
     """
     B, L = shapes['input_ids']
     P = shapes['masked_positions'][1] if 'masked_positions' in shapes else 0

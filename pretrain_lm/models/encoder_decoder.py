@@ -34,7 +34,7 @@ class EncoderDecoderModel(nn.Module):
 
   def setup(self):
     cfg = self.cfg
-    self.token_embed = layers.Embed(cfg.vocab_size, cfg, cfg.token_dim)
+    self.token_embed = layers.Embed(cfg.padded_vocab, cfg, cfg.token_dim)
     # Each stack has its own position table and embedding norm (BART).
     self.encoder_embeddings = transformer.Embedder(cfg, self.token_embed)
     self.decoder_embeddings = transformer.Embedder(cfg, self.token_embed)
@@ -117,7 +117,9 @@ class EncoderDecoderModel(nn.Module):
     """Model FLOPs of one step: both stacks and the decoder's logits.
 
     Each decoder layer's cross-attention projects keys and values at the
-    S encoder positions, whatever the decoder's length L.
+    S encoder positions, whatever the decoder's length L. The logits count
+    model.vocab_size columns, not padded_vocab: only the useful work is
+    credited.
     """
     B, S = shapes['encoder_input_ids']
     L = shapes['decoder_input_ids'][1]

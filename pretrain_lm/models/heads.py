@@ -11,23 +11,43 @@ from pretrain_lm.models.config import ModelConfig
 Array = jax.Array
 
 
+def cut_vocab(cfg: ModelConfig, x_V: Array) -> Array:
+  """x[..., :vocab_size]: the columns of real ids, without the padding.
+
+  With model.vocab_multiple > 1 the token table (and every vocabulary-sized
+  output parameter) has model.padded_vocab entries so that the output
+  product fills GPU GEMM tiles; no id maps to the padded ones, so their
+  logits are dropped before any loss, metric or search reads them. Without
+  padding, x itself (no slice op).
+  """
+  if cfg.padded_vocab == cfg.vocab_size:
+    return x_V
+  return x_V[..., : cfg.vocab_size]
+
+
 def output_logits(
   module: nn.Module, h_BPE: Array, embed: layers.Embed
 ) -> Array:
-  """Logits from E-wide states: the tied table's transpose or a kernel."""
+  """Logits from E-wide states: the tied table's transpose or a kernel.
+
+  The product runs over all model.padded_vocab rows (whole GEMM tiles);
+  the logits are cut back to model.vocab_size right after it.
+  """
   cfg = module.cfg
   if cfg.tie_embeddings:
-    return embed.attend(h_BPE)
-  return layers.dense(
-    module,
-    'logits',
-    h_BPE,
-    (h_BPE.shape[-1], cfg.vocab_size),
-    ('embed', 'vocab'),
-    'BPE,EV->BPV',
-    use_bias=False,
-    std=cfg.initializer_range,
-  )
+    logits_BPV = embed.attend(h_BPE)
+  else:
+    logits_BPV = layers.dense(
+      module,
+      'logits',
+      h_BPE,
+      (h_BPE.shape[-1], cfg.padded_vocab),
+      ('embed', 'vocab'),
+      'BPE,EV->BPV',
+      use_bias=False,
+      std=cfg.initializer_range,
+    )
+  return cut_vocab(cfg, logits_BPV)
 
 
 class MlmHead(nn.Module):
@@ -69,10 +89,10 @@ class MlmHead(nn.Module):
     bias_V = self.param(
       'output_bias',
       layers.zeros_init(('vocab',)),
-      (cfg.vocab_size,),
+      (cfg.padded_vocab,),
       cfg.jnp_param_dtype,
     )
-    logits_BPV = logits_BPV + bias_V.astype(cfg.jnp_dtype)
+    logits_BPV = logits_BPV + cut_vocab(cfg, bias_V).astype(cfg.jnp_dtype)
     return nn.with_logical_constraint(logits_BPV, layers.BLV)
 
 

@@ -197,7 +197,7 @@ class PlmModel(nn.Module):
   def setup(self):
     cfg = self.cfg
     # The attribute names are EncoderModel's, so the parameters are too.
-    self.token_embed = layers.Embed(cfg.vocab_size, cfg, cfg.token_dim)
+    self.token_embed = layers.Embed(cfg.padded_vocab, cfg, cfg.token_dim)
     self.embeddings = transformer.Embedder(cfg, self.token_embed)
     self.encoder = TwoStreamStack(cfg, self.embeddings)
     if cfg.pooler:
@@ -237,7 +237,8 @@ class PlmModel(nn.Module):
     MLP matmuls and the score and value products over L keys, and the
     layer projects the L keys and values of h again for g (the same
     projection as the content stream's, computed twice). The MLM head runs
-    at the P targets.
+    at the P targets; its output product counts vocab_size columns, not
+    padded_vocab (only the useful work is credited).
     """
     B, L = shapes['input_ids']
     P = shapes['masked_positions'][1] if 'masked_positions' in shapes else 0
