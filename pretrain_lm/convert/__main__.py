@@ -1,7 +1,7 @@
 r"""Converts checkpoints between Hugging Face's layout and workdirs.
 
   python -m pretrain_lm.convert import --from=hf --src=bert-dir \
-      --workdir=/tmp/bert
+      --workdir=/tmp/bert [--vocab_multiple=128]
   python -m pretrain_lm.convert export --to=hf --workdir=/tmp/bert \
       --dst=/tmp/bert-hf [--step=N] [--model_type=bert] \
       [--architecture=BertForMaskedLM]
@@ -33,6 +33,12 @@ flags.DEFINE_string(
   'export: the HF class whose layout to write (e.g. BertForMaskedLM); '
   "default: the imported one, else the model type's LM class.",
 )
+flags.DEFINE_integer(
+  'vocab_multiple',
+  1,
+  "import: the workdir's model.vocab_multiple (its token table padded to a "
+  'multiple of this many rows; 128 on GPUs).',
+)
 FLAGS = flags.FLAGS
 
 
@@ -60,7 +66,9 @@ def main(argv):
 
   try:
     if command == 'import':
-      record = from_hf.import_hf(FLAGS.src, FLAGS.workdir)
+      record = from_hf.import_hf(
+        FLAGS.src, FLAGS.workdir, vocab_multiple=FLAGS.vocab_multiple
+      )
       print(
         f'Imported {record["architecture"]} ({record["model_type"]}) from '
         f'{record["source"]} into {FLAGS.workdir} (step 0).'

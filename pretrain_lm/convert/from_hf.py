@@ -107,7 +107,7 @@ def import_tokenizer(src: str, workdir: str) -> tokenizer_lib.Tokenizer:
   return hf_tokenizer.import_hf_tokenizer(src, path)
 
 
-def import_hf(src: str, workdir: str) -> dict:
+def import_hf(src: str, workdir: str, *, vocab_multiple: int = 1) -> dict:
   """Imports the HF model directory `src` as a new workdir.
 
   The workdir is an ordinary one (see the module docstring): load it,
@@ -118,6 +118,10 @@ def import_hf(src: str, workdir: str) -> dict:
     src: an HF model directory: config.json, model.safetensors (or a
       sharded index) and the tokenizer files; model_type one of FORMATS.
     workdir: a new directory, or one without checkpoints.
+    vocab_multiple: the workdir's model.vocab_multiple: its token table
+      (and untied output layer, MLM output bias) padded with zeros to a
+      multiple of this many rows, e.g. 128 for GPU GEMM tiles; export cuts
+      them back to the HF vocab_size.
 
   Returns:
     The contents of the workdir's hf_import.json: source, model_type,
@@ -153,6 +157,7 @@ def import_hf(src: str, workdir: str) -> dict:
   config = configlib.base_config()
   fields = weights.model_section(fmt, hf_config, tensors)
   config.model.update(fields)
+  config.model.vocab_multiple = vocab_multiple
   fmt.recipe(config, hf_config)
   cfg = ModelConfig.from_config(config.model)
   hf_params, parts, unused = weights.params_from_hf(fmt, cfg, tensors)

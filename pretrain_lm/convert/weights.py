@@ -115,8 +115,9 @@ def params_from_hf(
 ) -> tuple[dict[str, np.ndarray], set[str], list[str]]:
   """Our params ('/'-joined paths) from normalised HF tensors.
 
-  Returns the params, the parts found (body always, and the heads the
-  file has) and the HF names no rule used. A missing body tensor raises.
+  Returns the params (vocabulary-sized ones padded to model.padded_vocab),
+  the parts found (body always, and the heads the file has) and the HF
+  names no rule used. A missing body tensor raises.
   """
   params, parts, used = {}, set(), set()
   if cfg.tie_embeddings and fmt.output in tensors:
@@ -141,7 +142,7 @@ def params_from_hf(
   unused = [
     n for n in sorted(tensors) if n not in used and not n.endswith(fmt.ignored)
   ]
-  return params, parts, unused
+  return pad_vocab(cfg, params), parts, unused
 
 
 def pick_layout(fmt: Format, hf_config: dict, prefix: str, groups) -> str:
@@ -152,6 +153,57 @@ def pick_layout(fmt: Format, hf_config: dict, prefix: str, groups) -> str:
   if named in fmt.layouts and fmt.layouts[named].prefix == prefix:
     return named
   return fmt.default_layout(set(groups))
+
+
+# Vocabulary-sized params: HF's vocab_size <-> our padded_vocab.
+
+
+def vocab_axis(path: str) -> int | None:
+  """The vocabulary axis of the param at `path`, None if it has none.
+
+  The token table [V, E] (rows), the MLM head's output bias [V] and an
+  untied output kernel [E, V] (columns): with model.vocab_multiple > 1 ours
+  have model.padded_vocab entries on that axis, HF's vocab_size.
+  """
+  name = path.rsplit('/', 1)[-1]
+  if path.endswith('token_embed/embedding') or name == 'output_bias':
+    return 0
+  if name == 'logits_kernel':
+    return -1
+  return None
+
+
+def pad_vocab(cfg: ModelConfig, params: dict[str, np.ndarray]) -> dict:
+  """HF-shaped params ('/'-joined paths) padded to model.padded_vocab.
+
+  The padded entries are zeros: no id looks them up and their logits are
+  cut off (pretrain_lm.models.heads.cut_vocab), so they change nothing.
+  """
+  extra = cfg.padded_vocab - cfg.vocab_size
+  if not extra:
+    return params
+  out = {}
+  for path, array in params.items():
+    axis = vocab_axis(path)
+    if axis is not None and array.shape[axis] == cfg.vocab_size:
+      widths = [(0, 0)] * array.ndim
+      widths[axis] = (0, extra)
+      array = np.pad(array, widths)
+    out[path] = array
+  return out
+
+
+def cut_vocab(cfg: ModelConfig, params: dict[str, np.ndarray]) -> dict:
+  """Our params ('/'-joined paths) with vocab_size entries, as HF's."""
+  if cfg.padded_vocab == cfg.vocab_size:
+    return params
+  out = {}
+  for path, array in params.items():
+    axis = vocab_axis(path)
+    if axis is not None and array.shape[axis] == cfg.padded_vocab:
+      array = np.take(array, np.arange(cfg.vocab_size), axis=axis)
+    out[path] = array
+  return out
 
 
 # Param trees <-> '/'-joined paths.
@@ -212,6 +264,7 @@ def tensors_to_hf(
   flat = unstack_layers(
     {k: np.asarray(jax.device_get(v)) for k, v in flatten(params).items()}
   )
+  flat = cut_vocab(cfg, flat)  # HF's tables have vocab_size rows
   tensors = {}
   for rule in fmt.rules(cfg):
     if rule.part not in lay.parts:
