@@ -85,7 +85,6 @@ INTEGRATION = frozenset(
     'prepare',
     'prepared',
     'pretrained',
-    'prng',
     'provenance',
     'resume',
     'resume_meta',

@@ -16,7 +16,7 @@ import ml_collections
 import numpy as np
 import optax
 import pytest
-from conftest import load_config, one_device, read_metrics
+from conftest import one_device
 from flax import linen as nn
 
 from pretrain_lm.training import step as step_lib
@@ -230,30 +230,3 @@ def test_unknown_impl_names_the_field():
     step_lib.jit_train_step(
       Toy(), None, toy_loss, None, None, one_device(), prng_impl='rbg2'
     )
-
-
-def test_tiny_bert_trains_with_rbg(tmp_path, tokenizer_path):
-  """configs/bert.py:size=tiny, one layer, two steps under rbg through the
-  Trainer (the config's field reaches the step): finite losses."""
-  from pretrain_lm import train
-
-  c = load_config('bert', 'size=tiny')
-  c.data.tokenizer = tokenizer_path
-  c.model.vocab_size = 512 + 128
-  c.model.num_layers = 1
-  c.data.seq_len = 32
-  c.data.batch_size = 8
-  c.data.shuffle_buffer = 64
-  c.data.eval_batches = 1
-  c.optimizer.warmup_steps = 1
-  c.train.num_steps = c.train.log_every = c.train.eval_every = 2
-  c.train.progress_bar = False
-  c.train.prng_impl = 'rbg'
-  c.checkpoint.every = 2
-  c.checkpoint.async_save = False
-  trainer = train.Trainer(c, str(tmp_path), one_device())
-  state = trainer.run()
-  trainer.checkpointer.close()
-  assert int(state.step) == 2
-  losses = [r['loss'] for r in read_metrics(str(tmp_path)) if 'loss' in r]
-  assert losses and np.all(np.isfinite(losses))
