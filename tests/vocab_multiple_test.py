@@ -1,11 +1,14 @@
 """model.vocab_multiple: the token table padded to a multiple of rows.
 
-Every family is checked against its unpadded twin: the padded model holds
-the twin's params in its first vocab_size entries and large random values
-in the padded ones. Its logits have vocab_size columns; other values in the
-padded entries give the same outputs, loss and gradients bit for bit, and
-the padded entries get zero gradients (nothing reads them); and it computes
-what the twin computes, to float rounding (the GEMM widths differ).
+Every family pads exactly its vocabulary-sized params and gives logits of
+vocab_size columns. The three heads that make vocabulary logits (tied
+table and MLM bias, untied kernel, chunked loss) are checked against their
+unpadded twin: the padded model holds the twin's params in its first
+vocab_size entries and large random values in the padded ones; other
+values in the padded entries give the same outputs, loss and gradients bit
+for bit, and the padded entries get zero gradients (nothing reads them);
+and it computes what the twin computes, to float rounding (the GEMM widths
+differ).
 Decoding must never emit a padded id even where the padded rows would win,
 and the HF conversion pads on import and cuts on export.
 """
@@ -157,20 +160,24 @@ def runner(cfg, batch, loss_fn, deterministic):
   return run
 
 
-@pytest.mark.parametrize('name', sorted(CASES))
-def test_padded_model_is_the_unpadded_one(name):
-  family, fields, loss_fn, vocab_params = CASES[name]
-  small_cfg = tiny_cfg(family, vocab_size=V, **fields)
-  cfg = tiny_cfg(family, vocab_size=V, vocab_multiple=MULTIPLE, **fields)
-  assert (small_cfg.padded_vocab, cfg.padded_vocab) == (V, PADDED)
-  batch = make_batch(family)
-  small = init(small_cfg, batch)
-  padded_init = flat(init(cfg, batch))
-
-  # Only the vocabulary axes grow: to padded_vocab, from vocab_size.
+def grown_axes(small_cfg, cfg, batch) -> dict[str, int]:
+  """{param path: its vocabulary axis} of the params that padding grows,
+  checked to grow on that one axis from vocab_size to padded_vocab."""
+  shapes = lambda c: flat(
+    nn.meta.unbox(
+      jax.eval_shape(
+        lambda: MODELS[c.family](c).init(
+          {'params': jax.random.key(0), 'dropout': jax.random.key(1)},
+          batch,
+          deterministic=True,
+        )
+      )['params']
+    )
+  )
+  small, padded = shapes(small_cfg), shapes(cfg)
   grown = {}
-  for path, value in flat(small).items():
-    shape = padded_init[path].shape
+  for path, value in small.items():
+    shape = padded[path].shape
     if shape != value.shape:
       axes = [
         i
@@ -180,7 +187,48 @@ def test_padded_model_is_the_unpadded_one(name):
       assert len(axes) == 1, (path, shape, value.shape)
       assert (shape[axes[0]], value.shape[axes[0]]) == (PADDED, V), path
       grown[path] = axes[0]
-  assert set(grown) == vocab_params
+  return grown
+
+
+@pytest.mark.parametrize('name', sorted(CASES))
+def test_every_family_pads_its_vocabulary_params_and_cuts_its_logits(name):
+  # Shapes only (no compile): each family's table and vocabulary-sized
+  # head params grow, nothing else does, and every logits output, in
+  # training mode too (ELECTRA's sampler, the chunked loss), has V columns.
+  family, fields, _, vocab_params = CASES[name]
+  small_cfg = tiny_cfg(family, vocab_size=V, **fields)
+  cfg = tiny_cfg(family, vocab_size=V, vocab_multiple=MULTIPLE, **fields)
+  assert (small_cfg.padded_vocab, cfg.padded_vocab) == (V, PADDED)
+  batch = make_batch(family)
+  assert set(grown_axes(small_cfg, cfg, batch)) == vocab_params
+  model = MODELS[family](cfg)
+  variables = jax.eval_shape(
+    lambda: model.init(jax.random.key(0), batch, deterministic=True)
+  )
+  for deterministic in (True, False):
+    outputs = jax.eval_shape(
+      lambda v, d=deterministic: model.apply(
+        v, batch, deterministic=d, rngs={'dropout': jax.random.key(2)}
+      ),
+      variables,
+    )
+    for key in ('logits', 'mlm_logits', 'backward_logits'):
+      if key in outputs:
+        assert outputs[key].shape[-1] == V, key
+
+
+# The numbers for the three ways vocabulary logits are made: the tied
+# table with the MLM head's bias, an untied output kernel, and the chunked
+# loss's scanned head (the families share these heads).
+@pytest.mark.parametrize('name', ['bert', 'gpt_untied', 'gpt_chunked'])
+def test_padded_model_is_the_unpadded_one(name):
+  family, fields, loss_fn, _ = CASES[name]
+  small_cfg = tiny_cfg(family, vocab_size=V, **fields)
+  cfg = tiny_cfg(family, vocab_size=V, vocab_multiple=MULTIPLE, **fields)
+  batch = make_batch(family)
+  small = init(small_cfg, batch)
+  padded_init = flat(init(cfg, batch))
+  grown = grown_axes(small_cfg, cfg, batch)
 
   # Training mode where the model draws (ELECTRA's generator samples, the
   # chunked loss): the same key must give the same draws over V ids.
