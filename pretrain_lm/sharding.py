@@ -144,8 +144,8 @@ def fit_to_shape(named: NamedSharding, shape) -> NamedSharding:
 
   E.g. RoBERTa's and GPT-2's odd vocabularies (50265, 50257 rows) over
   tensor=2: jit cannot split them unevenly, so their token tables are
-  split over fsdp only (pad model.vocab_size to a multiple of 128 to
-  split them over tensor too).
+  split over fsdp only (model.vocab_multiple=128 pads them to split over
+  tensor too).
   """
   spec = list(named.spec) + [None] * (len(shape) - len(named.spec))
   for dim, axes in enumerate(spec):

@@ -150,7 +150,7 @@ def chunked_target_xent(
 
   def body(mdl, carry, xs):
     x_BCD, t_BC = xs
-    # float32 softmax, as clm.token_cross_entropy.
+    # float32 softmax, as objectives.xent.token_xent (optax).
     logits_BCV = mdl.lm_head(x_BCD, mdl.token_embed).astype(jnp.float32)
     xent = optax.softmax_cross_entropy_with_integer_labels(logits_BCV, t_BC)
     correct = (jnp.argmax(logits_BCV, -1) == t_BC).astype(jnp.float32)
