@@ -32,7 +32,9 @@ def test_plan_times_before_and_after_first_then_each_lever_taken_out():
     for lever in row.levers:
       rest = set(of_row[f'without_{lever}'].levers)
       assert rest == set(row.levers) - {lever}
-    assert of_row['batch_x2'].batch == 2 * row.batch
+    for k in row.larger:
+      assert of_row[f'batch_x{k}'].batch == k * row.batch
+      assert of_row[f'batch_x{k}'].levers == of_row['after'].levers
     for option in mfu.XLA_LEVERS:
       step = of_row[f'xla_{option}']
       # The same exported program as after, under one more XLA option.

@@ -30,10 +30,10 @@ The plan: each row's `before` is the table's configuration (bf16, cuDNN
 attention, attention dropout 0, hidden dropout 0.1); its `after` has every
 candidate lever of the row on. Each lever is then taken out of `after`
 alone (`without_<lever>`: does it still win the whole step?), the batch
-is doubled (`batch_x2`), and `after` runs under each candidate XLA option
-(`xla_<option>`). `--rows` and `--variants` pick a part of the plan;
-`--size`, `--batch`, `--attention` and `--platform` shrink it for a CPU
-(tests/gpu_mfu_test.py runs the whole loop there).
+grows (`batch_x2`, BERT's also `batch_x4`), and `after` runs under each
+candidate XLA option (`xla_<option>`). `--rows` and `--variants` pick a
+part of the plan; `--size`, `--batch`, `--attention` and `--platform`
+shrink it for a CPU (tests/gpu_mfu_test.py runs the whole loop there).
 """
 
 import argparse
@@ -52,17 +52,23 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
 @dataclasses.dataclass(frozen=True)
 class Row:
   """A row of the GPU table: a config, its global batch and MFU target,
-  and the config levers that apply to it."""
+  the config levers that apply to it, and the larger batches tried with
+  them (multiples of `batch` that the card's memory holds)."""
 
   config: str
   batch: int
   target: float
   levers: tuple[str, ...]
+  larger: tuple[int, ...] = (2,)
 
 
 ROWS = {
   'bert_base': Row(
-    'configs/bert.py:size=base', 256, 0.50, ('rbg', 'fused_xent', 'vocab128')
+    'configs/bert.py:size=base',
+    256,
+    0.50,
+    ('rbg', 'fused_xent', 'vocab128'),
+    larger=(2, 4),
   ),
   'gpt2_small': Row(
     'configs/gpt.py:size=small', 32, 0.45, ('rbg', 'fused_xent', 'vocab128')
@@ -130,7 +136,8 @@ def plan(rows=None, variants=None, batch: int = 0) -> list[Step]:
     for lever in row.levers:
       rest = tuple(x for x in row.levers if x != lever)
       steps.append(Step(name, f'without_{lever}', rest, b))
-    steps.append(Step(name, 'batch_x2', row.levers, 2 * b))
+    for k in row.larger:
+      steps.append(Step(name, f'batch_x{k}', row.levers, k * b))
   for option in XLA_LEVERS:
     for name, row in ROWS.items():
       b = batch or row.batch
