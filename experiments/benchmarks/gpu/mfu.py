@@ -171,28 +171,6 @@ def step_config(step: Step, *, size: str = '', attention: str = 'cudnn'):
   return config
 
 
-def _commit() -> str:
-  """This checkout's commit, '+' if it has uncommitted changes."""
-  try:
-    head = subprocess.run(
-      ['git', 'rev-parse', '--short', 'HEAD'],
-      cwd=ROOT,
-      capture_output=True,
-      text=True,
-      check=True,
-    ).stdout.strip()
-    dirty = subprocess.run(
-      ['git', 'status', '--porcelain', '--untracked-files=no'],
-      cwd=ROOT,
-      capture_output=True,
-      text=True,
-      check=True,
-    ).stdout.strip()
-  except (OSError, subprocess.CalledProcessError):
-    return 'unknown'
-  return head + ('+' if dirty else '')
-
-
 def export(args) -> int:
   """Lowers each step of the plan (XLA options reuse after's) with
   gpu/export.py, in this process."""
@@ -202,9 +180,11 @@ def export(args) -> int:
   sys.path.insert(0, HERE)
   import export as export_lib  # noqa: PLC0415 (gpu/export.py)
 
+  from pretrain_lm import workdir  # noqa: PLC0415
   from pretrain_lm.bench import step as step_lib  # noqa: PLC0415
 
-  commit = _commit()
+  head, plus, dirty = workdir.git_commit().partition('+')
+  commit = head[:7] + plus + dirty  # '0123abc' or '0123abc+dirty'
   failed = 0
   done = set()
   for step in plan(args.rows, args.variants, args.batch):
