@@ -268,9 +268,20 @@ def assert_run_matches(workdir, want_losses, want_params):
     np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
 
 
-def test_two_processes_preempted_resumed_match_one(
-  tmp_path, tokenizer_path, compile_cache
+@pytest.fixture(scope='module')
+def reference(tmp_path_factory, tokenizer_path):
+  """The one-process run that the two-process runs must be."""
+  workdir = str(tmp_path_factory.mktemp('ref'))
+  return reference_run(workdir, {**OVERRIDES, 'data.tokenizer': tokenizer_path})
+
+
+def test_two_processes_preempted_resume_as_two_slices_and_match_one(
+  tmp_path, tokenizer_path, compile_cache, reference
 ):
+  """Preempted on one 2x2x2 mesh over two processes, the run resumes with
+  each process as a slice (mesh.dcn_data=2: the data axis spans the two
+  processes, one block each; fsdp and tensor stay inside a process), and
+  is the one-process run."""
   overrides = {**OVERRIDES, 'data.tokenizer': tokenizer_path}
   workdir = str(tmp_path / 'multi')
   metrics = os.path.join(workdir, 'metrics.jsonl')
@@ -297,31 +308,15 @@ def test_two_processes_preempted_resumed_match_one(
   assert f'Stopping at step {steps[0]}' in results[0][1], results[0][1]
   assert max(read_losses(workdir)) == int(steps[0])
 
-  # The rerun restores on both hosts and finishes.
-  results = finish(launch(workdir, overrides, compile_cache))
+  # The rerun, as two slices, restores on both hosts and finishes.
+  sliced = {**overrides, 'mesh.data': 1, 'mesh.dcn_data': 2}
+  results = finish(launch(workdir, sliced, compile_cache))
   for code, out in results:
     assert code == 0, out
   chief, other = results[0][1], results[1][1]
   assert f'Resumed from {workdir}/checkpoints at step {steps[0]}' in chief
   assert 'step ' not in other and 'Resumed' not in other, other  # quiet
-
-  want_losses, want_params = reference_run(str(tmp_path / 'ref'), overrides)
-  assert_run_matches(workdir, want_losses, want_params)
-
-
-def test_two_slices_over_dcn_train_as_one_slice(
-  tmp_path, tokenizer_path, compile_cache
-):
-  """mesh.dcn_data=2 with each process as a slice: the data axis spans the
-  two processes (one block each), fsdp and tensor stay inside a process,
-  and the run is the single-slice 2x2x2 run."""
-  overrides = {**OVERRIDES, 'data.tokenizer': tokenizer_path}
-  sliced = {**overrides, 'mesh.data': 1, 'mesh.dcn_data': 2}
-  workdir = str(tmp_path / 'sliced')
-  for code, out in finish(launch(workdir, sliced, compile_cache)):
-    assert code == 0, out
-  want_losses, want_params = reference_run(str(tmp_path / 'ref'), overrides)
-  assert_run_matches(workdir, want_losses, want_params)
+  assert_run_matches(workdir, *reference)
 
 
 def test_hosts_with_different_configs_fail_at_start(
