@@ -58,12 +58,11 @@ PRESETS = [
   ('ul2', 'size=tiny,decoder', 'ul2_decoder', {}),
   ('xlnet', 'size=tiny', 'plm', {}),
 ]
-# BERT's masking options change its stream only (the model and the step are
-# the plain preset's): their runs are slow (`make test-all`), and
+# Runs in `make test-all` only (by test id). BERT's masking options change
+# its stream only (the model and the step are the plain preset's);
 # test_word_masking_presets_predict_whole_words checks their streams.
-# `make test-all` only. T5's unscanned preset: its scanned, rematerialised
-# run trains the same model and objective, and BART and UL2 train the
-# unscanned encoder-decoder.
+# T5's unscanned preset: its scanned, rematerialised run trains the same
+# model and objective, and BART and UL2 train the unscanned encoder-decoder.
 SLOW = {
   'bert:size=tiny,objective=whole_word',
   'bert:size=tiny,objective=span',
